@@ -1,0 +1,152 @@
+"""Scaled dot-product attention (paper eq. 1), masks, and multi-head attention (§3.2.2).
+
+Dimension legend: B batch, T query length, S key length, H heads, Dh head dim, D model dim.
+Masks are boolean, True where attention is allowed, broadcastable to [B, H, T, S].
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_nmt.config import ModelConfig
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
+                          *, dropout_rng: Optional[jax.Array] = None,
+                          dropout_rate: float = 0.0) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) V, eq. 1, with a boolean mask.
+
+  A query row whose keys are all masked (a padding position) returns zeros, never NaN.
+
+  Args:
+    q: [B, T, H, Dh] queries.
+    k: [B, S, H, Dh] keys.
+    v: [B, S, H, Dh] values.
+    mask: bool, broadcastable to [B, H, T, S]; None means attend everywhere.
+    dropout_rng: key for dropout on the attention probabilities (tensor2tensor), or None.
+    dropout_rate: probability of dropping an attention weight.
+
+  Returns:
+    [B, T, H, Dh] attended values.
+  """
+  scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
+  logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
+                      preferred_element_type=jnp.float32)  # [B, H, T, S]
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if mask is not None:
+    probs = jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
+  if dropout_rng is not None and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
+
+
+def causal_mask(length: int) -> jax.Array:
+  """[1, 1, T, T]: position t may attend to positions <= t (decoder self-attention, §3.2.3)."""
+  return jnp.tril(jnp.ones((length, length), bool))[None, None]
+
+
+def padding_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
+  """[B, 1, T, S]: attend only between real tokens of the same segment.
+
+  Args:
+    q_segments: [B, T] int, 0 for padding, k > 0 for the k-th sequence in a row.
+    kv_segments: [B, S] int, same convention. One sequence per row uses 1 everywhere.
+  """
+  same = q_segments[:, :, None] == kv_segments[:, None, :]
+  real = (q_segments[:, :, None] > 0) & (kv_segments[:, None, :] > 0)
+  return (same & real)[:, None]
+
+
+def segments_from_lengths(lengths: jax.Array, max_len: int) -> jax.Array:
+  """[B, L] segment ids (1 for the first `lengths[b]` positions, else 0)."""
+  return (jnp.arange(max_len)[None, :] < lengths[:, None]).astype(jnp.int32)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Decoder self-attention keys/values written one position per step.
+
+  k, v: [B, L_max, H, Dh]; index: [] int32, the next position to write.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, max_len: int, num_heads: int, head_dim: int,
+            dtype: jnp.dtype = jnp.float32) -> KVCache:
+    shape = (batch, max_len, num_heads, head_dim)
+    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+
+  def append(self, k: jax.Array, v: jax.Array) -> KVCache:
+    """Writes k, v: [B, 1, H, Dh] at `index` and advances it."""
+    k_all = jax.lax.dynamic_update_slice_in_dim(self.k, k.astype(self.k.dtype), self.index, axis=1)
+    v_all = jax.lax.dynamic_update_slice_in_dim(self.v, v.astype(self.v.dtype), self.index, axis=1)
+    return KVCache(k_all, v_all, self.index + 1)
+
+  def valid_mask(self) -> jax.Array:
+    """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
+    return (jnp.arange(self.k.shape[1]) < self.index)[None, None, None, :]
+
+
+def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> nn.Dense:
+  """Dense layer with Xavier-uniform kernel, float32 params and the configured compute dtype."""
+  return nn.Dense(features, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.float32,
+                  kernel_init=nn.initializers.xavier_uniform(), name=name)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with W^Q, W^K, W^V, W^O (§3.2.2); no biases, as in tensor2tensor.
+
+  Each projection is one [D, D] Xavier-uniform matrix, i.e. the paper's per-head W_i
+  concatenated along the output axis.
+  """
+
+  cfg: ModelConfig
+
+  def setup(self) -> None:
+    d = self.cfg.d_model
+    self.query = xavier_dense(d, self.cfg, False, 'query')
+    self.key = xavier_dense(d, self.cfg, False, 'key')
+    self.value = xavier_dense(d, self.cfg, False, 'value')
+    self.out = xavier_dense(d, self.cfg, False, 'out')
+
+  def _split(self, x: jax.Array) -> jax.Array:
+    return x.reshape(x.shape[:-1] + (self.cfg.num_heads, self.cfg.head_dim))  # [B, L, H, Dh]
+
+  def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, S, D] -> keys and values, each [B, S, H, Dh]; computed once per batch for cross-attention."""
+    return self._split(self.key(x)), self._split(self.value(x))
+
+  def attend(self, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
+             deterministic: bool) -> jax.Array:
+    """[B, T, D] queries against precomputed [B, S, H, Dh] keys/values -> [B, T, D]."""
+    q = self._split(self.query(x_q))
+    rng = None
+    if not deterministic and self.cfg.attention_dropout > 0.0:
+      rng = self.make_rng('dropout')
+    out = dot_product_attention(q, k, v, mask, dropout_rng=rng,
+                                dropout_rate=self.cfg.attention_dropout)
+    return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,)))
+
+  def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: Optional[jax.Array],
+               deterministic: bool = True) -> jax.Array:
+    """[B, T, D] queries, [B, S, D] memory -> [B, T, D]."""
+    k, v = self.project_kv(x_kv)
+    return self.attend(x_q, k, v, mask, deterministic)
+
+  def step(self, x_t: jax.Array, cache: KVCache,
+           deterministic: bool = True) -> tuple[jax.Array, KVCache]:
+    """Self-attention for one new position: x_t [B, 1, D] -> ([B, 1, D], cache with it appended)."""
+    k, v = self.project_kv(x_t)
+    cache = cache.append(k, v)
+    return self.attend(x_t, cache.k, cache.v, cache.valid_mask(), deterministic), cache

@@ -1,0 +1,46 @@
+"""Orbax checkpoints of the train state: atomic saves, keep the last K, restore the latest."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves {params, opt_state, step} under `workdir/checkpoints/<step>`.
+
+  Orbax writes each step into a temporary directory and renames it when complete, so an
+  interrupted save never looks like a checkpoint.
+  """
+
+  def __init__(self, directory: str | os.PathLike, keep: int = 5):
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any) -> None:
+    """Starts an asynchronous save of `state` (a TrainState or any pytree)."""
+    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)))
+
+  def restore(self, state: Any, step: Optional[int] = None) -> Any:
+    """Restores into the structure (and shardings) of `state`; latest step by default."""
+    step = self.latest_step() if step is None else step
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
+    restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    return state.replace(**restored)
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def _payload(state: Any) -> dict:
+  return {'params': state.params, 'opt_state': state.opt_state, 'step': state.step}

@@ -1,0 +1,91 @@
+"""From a config's `data` section to tokenised datasets: read (or generate) text, load or
+train SentencePiece in the workdir, encode and bucket."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import shutil
+from typing import Any, Optional
+
+from transformer_nmt import data as data_lib
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+
+Lines = tuple[list[str], list[str], data_lib.ReadStats]
+
+
+@dataclasses.dataclass
+class Corpus:
+  """Raw text of each split; `test` is None when no test files are configured."""
+
+  train: Lines
+  valid: Lines
+  test: Optional[Lines]
+
+
+def _paths(data_cfg: Any, split: str) -> tuple[str, str]:
+  return getattr(data_cfg, f'{split}_src'), getattr(data_cfg, f'{split}_tgt')
+
+
+def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
+  """Reads the configured files (generating the demo corpus first for source='demo')."""
+  if data_cfg.source == 'demo':
+    from transformer_nmt import demo_data  # only the demo needs the generator
+    files = demo_data.write_demo_corpus(workdir / 'demo_data', *data_cfg.demo_sizes, seed=0)
+    paths = {split: tuple(str(p) for p in pair) for split, pair in files.items()}
+  elif data_cfg.source == 'text':
+    paths = {split: _paths(data_cfg, split) for split in ('train', 'valid', 'test')}
+    for split in ('train', 'valid'):
+      for side, path in zip(('src', 'tgt'), paths[split]):
+        if not path:
+          raise ConfigError(f'data.{split}_{side} is empty: give the {split} file, e.g. '
+                            f'--config.data.{split}_{side}=PATH')
+  else:
+    raise ConfigError(f"data.source={data_cfg.source!r} must be 'text' or 'demo'")
+  test = paths['test'] if all(paths['test']) else None
+  return Corpus(train=data_lib.read_parallel(*paths['train']),
+                valid=data_lib.read_parallel(*paths['valid']),
+                test=data_lib.read_parallel(*test) if test else None)
+
+
+def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
+  """(source, target) tokenizers: reused from the workdir, copied from data.spm_model, or trained.
+
+  A joint vocabulary is one model trained on source and target text (paper §5.1); otherwise
+  each side gets its own model.
+  """
+  src_lines, tgt_lines, _ = corpus.train
+  if data_cfg.joint_vocab:
+    tok = _load_or_train(data_cfg, workdir / 'spm.model', src_lines + tgt_lines, data_cfg.spm_model)
+    return tok, tok
+  if data_cfg.spm_model:
+    raise ConfigError('data.spm_model gives one shared model; it needs data.joint_vocab=True')
+  return (_load_or_train(data_cfg, workdir / 'spm.src.model', src_lines, ''),
+          _load_or_train(data_cfg, workdir / 'spm.tgt.model', tgt_lines, ''))
+
+
+def _load_or_train(data_cfg: Any, path: pathlib.Path, lines: list[str], given: str) -> Tokenizer:
+  if path.exists():
+    logging.info('Reusing SentencePiece model %s', path)
+    return Tokenizer(path)
+  if given:
+    Tokenizer(given)  # fail with a clear message before copying anything
+    shutil.copyfile(given, path)
+    return Tokenizer(path)
+  logging.info('Training SentencePiece (%s, vocab %d) on %d lines -> %s', data_cfg.spm_model_type,
+               data_cfg.vocab_size, len(lines), path)
+  return train_tokenizer(lines, path, vocab_size=data_cfg.vocab_size,
+                         model_type=data_cfg.spm_model_type,
+                         max_sentences=data_cfg.spm_max_sentences)
+
+
+def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
+           train: bool) -> data_lib.ParallelData:
+  """Tokenises one split; only the training split drops pairs over data.max_len."""
+  src, tgt, stats = lines
+  stats = dataclasses.replace(stats)
+  boundaries = list(data_cfg.bucket_boundaries) if train and data_cfg.bucket_boundaries else None
+  return data_lib.encode_parallel(src, tgt, src_tok, tgt_tok, stats=stats, boundaries=boundaries,
+                                  max_len=data_cfg.max_len if train else None)

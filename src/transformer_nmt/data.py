@@ -1,0 +1,198 @@
+"""Line-aligned parallel text -> token-budget batches with length bucketing.
+
+Batches are dicts of NumPy int32 arrays of shape [B, L] (see `steps.py`). Every batch of a
+bucket has the same shape, so a jitted step compiles once per bucket, not per batch.
+This module never imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from transformer_nmt.errors import DataError
+from transformer_nmt.tokenizer import Tokenizer
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class ReadStats:
+  """What reading a parallel file pair kept and dropped."""
+
+  lines: int = 0
+  kept: int = 0
+  empty: int = 0  # pairs with an empty side, skipped
+  too_long: int = 0  # pairs over the length limit, skipped (counted after tokenizing)
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+  """Reads a UTF-8 text file into stripped lines; errors name the file and line."""
+  path = pathlib.Path(path)
+  try:
+    raw = path.read_bytes()
+  except FileNotFoundError:
+    raise DataError(f'{path}: no such file') from None
+  except OSError as e:
+    raise DataError(f'{path}: cannot read ({e.strerror})') from None
+  lines = raw.split(b'\n')
+  if lines and lines[-1] == b'':
+    lines.pop()  # the final newline does not start another line
+  out = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      out.append(line.decode('utf-8').strip())
+    except UnicodeDecodeError as e:
+      raise DataError(f'{path}:{number}: invalid UTF-8 at byte {e.start} of the line') from None
+  return out
+
+
+def read_parallel(src_path: str | os.PathLike,
+                  tgt_path: str | os.PathLike) -> tuple[list[str], list[str], ReadStats]:
+  """Reads two line-aligned files; pairs with an empty side are skipped and counted."""
+  src, tgt = read_lines(src_path), read_lines(tgt_path)
+  if len(src) != len(tgt):
+    raise DataError(f'{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; '
+                    'parallel files must be line-aligned')
+  stats = ReadStats(lines=len(src))
+  keep = [i for i in range(len(src)) if src[i] and tgt[i]]
+  stats.empty = len(src) - len(keep)
+  stats.kept = len(keep)
+  return [src[i] for i in keep], [tgt[i] for i in keep], stats
+
+
+def bucket_boundaries(max_len: int, min_len: int = 8, growth: float = 1.25,
+                      multiple: int = 4) -> list[int]:
+  """Geometric bucket lengths up to max_len, rounded up to `multiple` (few shapes, low padding)."""
+  bounds, b = [], min_len
+  while b < max_len:
+    bounds.append(b)
+    b = -(-max(b + multiple, int(b * growth)) // multiple) * multiple
+  bounds.append(max_len)
+  return bounds
+
+
+@dataclasses.dataclass
+class ParallelData:
+  """Tokenised pairs (with EOS appended) grouped into length buckets.
+
+  src, tgt: per-example id arrays, each ending in EOS. index: position in the kept input
+  lines, so outputs can be restored to file order.
+  """
+
+  src: list[np.ndarray]
+  tgt: list[np.ndarray]
+  index: np.ndarray
+  pad_id: int
+  bos_id: int
+  boundaries: list[int]
+  stats: ReadStats
+
+  @property
+  def lengths(self) -> np.ndarray:
+    """[N] max(src, tgt) length of each pair, the length its bucket is chosen by."""
+    return np.array([max(len(s), len(t)) for s, t in zip(self.src, self.tgt)], np.int64)
+
+  def __len__(self) -> int:
+    return len(self.src)
+
+
+def encode_parallel(src_lines: Sequence[str], tgt_lines: Sequence[str], src_tok: Tokenizer,
+                    tgt_tok: Tokenizer, *, max_len: Optional[int], stats: ReadStats,
+                    boundaries: Optional[Sequence[int]] = None) -> ParallelData:
+  """Tokenises pairs, appends EOS, drops (and counts) pairs longer than max_len tokens.
+
+  With max_len None nothing is dropped (evaluation sets) and buckets reach the longest pair.
+  """
+  src_ids, tgt_ids = src_tok.encode(src_lines), tgt_tok.encode(tgt_lines)
+  if max_len is None:
+    max_len = max([max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)], default=1)
+  src, tgt, index = [], [], []
+  for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+    if len(s) + 1 > max_len or len(t) + 1 > max_len:
+      stats.too_long += 1
+      continue
+    src.append(np.array(s + [src_tok.eos_id], np.int32))
+    tgt.append(np.array(t + [tgt_tok.eos_id], np.int32))
+    index.append(i)
+  stats.kept = len(src)
+  bounds = list(boundaries) if boundaries else bucket_boundaries(max_len)
+  return ParallelData(src, tgt, np.array(index, np.int64), tgt_tok.pad_id, tgt_tok.bos_id, bounds,
+                      stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+  """Which examples form one batch, and its padded shape [rows, length]."""
+
+  examples: np.ndarray
+  rows: int
+  length: int
+
+
+def plan_batches(data: ParallelData, tokens_per_batch: int,
+                 rng: Optional[np.random.Generator] = None) -> list[BatchPlan]:
+  """Groups examples by bucket into batches of about `tokens_per_batch` padded tokens per side.
+
+  Each bucket of length L gets rows = max(1, tokens_per_batch // L); the last batch of a bucket
+  is padded with empty rows so shapes stay fixed. With `rng`, examples are shuffled within
+  buckets and batches shuffled across buckets; without it the order is deterministic.
+  """
+  lengths = data.lengths
+  bucket_of = np.searchsorted(np.array(data.boundaries), lengths)  # first boundary >= length
+  plans = []
+  for b, length in enumerate(data.boundaries):
+    members = np.flatnonzero(bucket_of == b)
+    if rng is not None:
+      members = rng.permutation(members)
+    rows = max(1, tokens_per_batch // length)
+    plans += [BatchPlan(members[i:i + rows], rows, length) for i in range(0, len(members), rows)]
+  if rng is not None:
+    plans = [plans[i] for i in rng.permutation(len(plans))]
+  return plans
+
+
+def collate(data: ParallelData, plan: BatchPlan) -> Batch:
+  """Pads the planned examples into the batch dict consumed by `steps.train_step`."""
+  shape = (plan.rows, plan.length)
+  batch = {k: np.zeros(shape, np.int32) for k in
+           ('src', 'src_segments', 'src_positions', 'tgt_in', 'tgt_out', 'tgt_segments',
+            'tgt_positions')}
+  for key in ('src', 'tgt_in', 'tgt_out'):
+    batch[key].fill(data.pad_id)
+  for row, i in enumerate(plan.examples):
+    s, t = data.src[i], data.tgt[i]
+    batch['src'][row, :len(s)] = s
+    batch['tgt_out'][row, :len(t)] = t
+    batch['tgt_in'][row, 0] = data.bos_id  # shift right: BOS, y_1, ..., y_{n-1}
+    batch['tgt_in'][row, 1:len(t)] = t[:-1]
+    for side, n in (('src', len(s)), ('tgt', len(t))):
+      batch[f'{side}_segments'][row, :n] = 1
+      batch[f'{side}_positions'][row, :n] = np.arange(n)
+  return batch
+
+
+def padding_fraction(batch: Batch) -> float:
+  """Share of padded positions over source and target."""
+  real = int(np.count_nonzero(batch['src_segments'])) + int(np.count_nonzero(batch['tgt_segments']))
+  return 1.0 - real / (batch['src'].size + batch['tgt_out'].size)
+
+
+def train_batches(data: ParallelData, tokens_per_batch: int, seed: int,
+                  start_step: int = 0) -> Iterator[Batch]:
+  """Endless shuffled batches; batch k is the same whenever iteration starts at step k.
+
+  Epoch e is planned with a generator seeded by (seed, e), so resuming at `start_step`
+  reproduces exactly the batches an uninterrupted run would have seen.
+  """
+  epoch_size = len(plan_batches(data, tokens_per_batch))
+  epoch, offset = divmod(start_step, epoch_size)
+  while True:
+    plans = plan_batches(data, tokens_per_batch, np.random.default_rng([seed, epoch]))
+    for plan in plans[offset:]:
+      yield collate(data, plan)
+    epoch, offset = epoch + 1, 0

@@ -1,0 +1,75 @@
+"""Validation loss and BLEU over whole datasets, batched by length and returned in file order."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from transformer_nmt import data as data_lib
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding import translate_greedy
+from transformer_nmt.metrics import corpus_bleu
+from transformer_nmt.steps import eval_step
+from transformer_nmt.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """Jitted evaluation functions for one model config, compiled once per bucket shape."""
+
+  cfg: ModelConfig
+  apply_fn: Callable[..., Any]
+  label_smoothing: float
+  tokenizer: Tokenizer  # target side
+  max_extra_len: int = 50
+
+  def __post_init__(self) -> None:
+    self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=self.apply_fn,
+                                                label_smoothing=self.label_smoothing))
+    tok = self.tokenizer
+    self._translate = jax.jit(functools.partial(
+        translate_greedy, self.cfg, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
+        max_extra_len=self.max_extra_len))
+
+  def loss(self, params: Any, data: data_lib.ParallelData, tokens_per_batch: int) -> dict:
+    """Token-mean smoothed loss, NLL, perplexity and accuracy over every example of `data`."""
+    totals: dict[str, float] = {}
+    for plan in data_lib.plan_batches(data, tokens_per_batch):
+      sums = jax.device_get(self._eval_step(params, data_lib.collate(data, plan)))
+      for k, v in sums.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    n = max(totals.get('tokens', 0.0), 1.0)
+    return {'loss': totals.get('loss', 0.0) / n, 'nll': totals.get('nll', 0.0) / n,
+            'perplexity': float(np.exp(totals.get('nll', 0.0) / n)),
+            'accuracy': totals.get('correct', 0.0) / n}
+
+  def translate(self, params: Any, data: data_lib.ParallelData,
+                tokens_per_batch: int) -> list[str]:
+    """Greedy translations of every example, in the order of `data` (not of the batches)."""
+    out: list[str] = [''] * len(data)
+    for plan in data_lib.plan_batches(data, tokens_per_batch):
+      batch = data_lib.collate(data, plan)
+      ids = np.asarray(self._translate(params, batch['src'], batch['src_segments']))
+      texts = self.tokenizer.decode(ids[:len(plan.examples)].tolist())
+      for example, text in zip(plan.examples, texts):
+        out[example] = text
+    return out
+
+  def bleu(self, params: Any, data: data_lib.ParallelData, references: Sequence[str],
+           tokens_per_batch: int) -> tuple[float, list[str], str]:
+    """(sacreBLEU score, hypotheses, signature) of greedy translations against references."""
+    hyps = self.translate(params, data, tokens_per_batch)
+    refs = [references[i] for i in data.index]
+    score, signature = corpus_bleu(hyps, refs)
+    return score, hyps, signature
+
+
+def subset(data: data_lib.ParallelData, n: int) -> data_lib.ParallelData:
+  """The first n examples (all when n <= 0)."""
+  if n <= 0 or n >= len(data):
+    return data
+  return dataclasses.replace(data, src=data.src[:n], tgt=data.tgt[:n], index=data.index[:n])

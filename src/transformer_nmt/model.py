@@ -1,0 +1,227 @@
+"""The encoder-decoder Transformer (paper §3.1, Figure 1).
+
+Dimension legend: B batch, S source length, T target length, D model dim, V vocabulary.
+Sequences carry segment ids ([B, L] int, 0 = padding) and positions ([B, L], restarting
+at 0 for every sequence), so padded and packed batches use the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_nmt.attention import (KVCache, MultiHeadAttention, causal_mask, padding_mask,
+                                       xavier_dense)
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.layers import Embed, FeedForward, sinusoidal_positions
+
+
+def _layer_norm(cfg: ModelConfig, name: Optional[str] = None) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.float32, name=name)
+
+
+class _SublayerStack(nn.Module):
+  """Shared residual wiring: post-LN LayerNorm(x + Dropout(f(x))) (§3.1, §5.4) or pre-LN
+  x + Dropout(f(LayerNorm(x))) (tensor2tensor)."""
+
+  cfg: ModelConfig
+  num_sublayers: int
+
+  def setup(self) -> None:
+    self.norms = [_layer_norm(self.cfg) for _ in range(self.num_sublayers)]
+    self.dropout = nn.Dropout(self.cfg.residual_dropout)
+
+  def residual(self, i: int, x: jax.Array, fn: Callable[[jax.Array], jax.Array],
+               deterministic: bool) -> jax.Array:
+    dtype = x.dtype
+    if self.cfg.norm_position == 'pre':
+      return x + self.dropout(fn(self.norms[i](x).astype(dtype)), deterministic)
+    return self.norms[i](x + self.dropout(fn(x), deterministic)).astype(dtype)
+
+
+class EncoderLayer(_SublayerStack):
+  """Self-attention then FFN, each wrapped in a residual connection."""
+
+  num_sublayers: int = 2
+
+  def setup(self) -> None:
+    super().setup()
+    self.self_attention = MultiHeadAttention(self.cfg)
+    self.ffn = FeedForward(self.cfg)
+
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    """x: [B, S, D]; mask broadcastable to [B, H, S, S] -> [B, S, D]."""
+    x = self.residual(0, x, lambda h: self.self_attention(h, h, mask, deterministic), deterministic)
+    return self.residual(1, x, lambda h: self.ffn(h, deterministic), deterministic)
+
+
+class DecoderLayer(_SublayerStack):
+  """Masked self-attention, encoder-decoder attention, FFN (§3.1)."""
+
+  num_sublayers: int = 3
+
+  def setup(self) -> None:
+    super().setup()
+    self.self_attention = MultiHeadAttention(self.cfg)
+    self.cross_attention = MultiHeadAttention(self.cfg)
+    self.ffn = FeedForward(self.cfg)
+
+  def cross_kv(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Encoder output [B, S, D] -> cross-attention keys, values [B, S, H, Dh]."""
+    return self.cross_attention.project_kv(memory)
+
+  def __call__(self, y: jax.Array, memory: jax.Array, self_mask: jax.Array,
+               cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    """Teacher-forced: y [B, T, D], memory [B, S, D] -> [B, T, D]."""
+    k, v = self.cross_kv(memory)
+    y = self.residual(0, y, lambda h: self.self_attention(h, h, self_mask, deterministic),
+                      deterministic)
+    return self._cross_and_ffn(y, k, v, cross_mask, deterministic)
+
+  def step(self, y_t: jax.Array, cache: KVCache, cross_k: jax.Array, cross_v: jax.Array,
+           cross_mask: Optional[jax.Array]) -> tuple[jax.Array, KVCache]:
+    """One decoding position: y_t [B, 1, D] -> ([B, 1, D], updated self-attention cache)."""
+    def self_attend(h: jax.Array) -> jax.Array:
+      nonlocal cache
+      out, cache = self.self_attention.step(h, cache)
+      return out
+    y_t = self.residual(0, y_t, self_attend, True)
+    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True), cache
+
+  def _cross_and_ffn(self, y: jax.Array, k: jax.Array, v: jax.Array,
+                     cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    y = self.residual(1, y, lambda h: self.cross_attention.attend(h, k, v, cross_mask,
+                                                                  deterministic), deterministic)
+    return self.residual(2, y, lambda h: self.ffn(h, deterministic), deterministic)
+
+
+@flax.struct.dataclass
+class DecoderCache:
+  """Everything incremental decoding reuses across steps (one entry per decoder layer).
+
+  self_attention: KVCache per layer, [B, T_max, H, Dh] each.
+  cross_k, cross_v: [B, S, H, Dh] per layer, computed once per batch.
+  cross_mask: [B, 1, 1, S] bool, real source positions.
+  """
+
+  self_attention: tuple[KVCache, ...]
+  cross_k: tuple[jax.Array, ...]
+  cross_v: tuple[jax.Array, ...]
+  cross_mask: jax.Array
+
+  @property
+  def index(self) -> jax.Array:
+    return self.self_attention[0].index
+
+
+def _default_positions(ids: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer with pure init/apply.
+
+  Methods (use `model.apply(variables, ..., method=Transformer.encode)` etc.):
+    __call__(src, tgt_in, ...) -> [B, T, V] logits (teacher forcing);
+    encode(src, ...) -> [B, S, D]; decode(memory, tgt_in, ...) -> [B, T, V];
+    init_cache(memory, src_segments, max_len) -> DecoderCache;
+    decode_step(ids_t, cache) -> ([B, V] logits, DecoderCache).
+  """
+
+  cfg: ModelConfig
+
+  def setup(self) -> None:
+    cfg = self.cfg
+    self.tgt_embed = Embed(cfg.vocab_size, cfg)
+    self.src_embed = self.tgt_embed if cfg.share_embeddings else Embed(cfg.src_vocab, cfg)
+    self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_layers)]
+    self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
+    if cfg.norm_position == 'pre':  # pre-LN needs a final LayerNorm on each stack
+      self.encoder_norm = _layer_norm(cfg)
+      self.decoder_norm = _layer_norm(cfg)
+    if not cfg.tie_output:
+      self.output = xavier_dense(cfg.vocab_size, cfg, False, 'output')
+    self.embed_dropout = nn.Dropout(cfg.embedding_dropout)
+
+  def _embed(self, embed: Embed, ids: jax.Array, positions: Optional[jax.Array],
+             deterministic: bool) -> jax.Array:
+    positions = _default_positions(ids) if positions is None else positions
+    x = embed(ids) + sinusoidal_positions(positions, self.cfg.d_model,
+                                          self.cfg.positional_encoding).astype(self.cfg.dtype)
+    return self.embed_dropout(x, deterministic)  # §5.4: dropout on embeddings + positions
+
+  def encode(self, src: jax.Array, src_segments: Optional[jax.Array] = None,
+             src_positions: Optional[jax.Array] = None, deterministic: bool = True) -> jax.Array:
+    """src: [B, S] ids -> memory [B, S, D]."""
+    mask = None if src_segments is None else padding_mask(src_segments, src_segments)
+    x = self._embed(self.src_embed, src, src_positions, deterministic)
+    for layer in self.encoder_layers:
+      x = layer(x, mask, deterministic)
+    return self.encoder_norm(x).astype(x.dtype) if self.cfg.norm_position == 'pre' else x
+
+  def decode(self, memory: jax.Array, tgt_in: jax.Array, src_segments: Optional[jax.Array] = None,
+             tgt_segments: Optional[jax.Array] = None, tgt_positions: Optional[jax.Array] = None,
+             deterministic: bool = True) -> jax.Array:
+    """memory [B, S, D], tgt_in [B, T] (BOS-shifted targets) -> logits [B, T, V] float32."""
+    self_mask = causal_mask(tgt_in.shape[1])
+    cross_mask = None
+    if tgt_segments is not None:
+      self_mask = self_mask & padding_mask(tgt_segments, tgt_segments)
+    if src_segments is not None:
+      q_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
+      cross_mask = padding_mask(q_segments, src_segments)
+    y = self._embed(self.tgt_embed, tgt_in, tgt_positions, deterministic)
+    for layer in self.decoder_layers:
+      y = layer(y, memory, self_mask, cross_mask, deterministic)
+    return self._logits(y)
+
+  def _logits(self, y: jax.Array) -> jax.Array:
+    if self.cfg.norm_position == 'pre':
+      y = self.decoder_norm(y).astype(y.dtype)
+    if self.cfg.tie_output:
+      return self.tgt_embed.logits(y)
+    return self.output(y).astype(jnp.float32)
+
+  def __call__(self, src: jax.Array, tgt_in: jax.Array, src_segments: Optional[jax.Array] = None,
+               tgt_segments: Optional[jax.Array] = None, src_positions: Optional[jax.Array] = None,
+               tgt_positions: Optional[jax.Array] = None, deterministic: bool = True) -> jax.Array:
+    """src [B, S], tgt_in [B, T] -> logits [B, T, V] (teacher forcing)."""
+    memory = self.encode(src, src_segments, src_positions, deterministic)
+    return self.decode(memory, tgt_in, src_segments, tgt_segments, tgt_positions, deterministic)
+
+  def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> DecoderCache:
+    """Precomputes cross-attention K/V and empty self-attention caches for `max_len` steps."""
+    batch = memory.shape[0]
+    kvs = [layer.cross_kv(memory) for layer in self.decoder_layers]
+    empty = KVCache.zeros(batch, max_len, self.cfg.num_heads, self.cfg.head_dim,
+                          jnp.dtype(self.cfg.dtype))
+    return DecoderCache(self_attention=tuple(empty for _ in self.decoder_layers),
+                        cross_k=tuple(k for k, _ in kvs), cross_v=tuple(v for _, v in kvs),
+                        cross_mask=(src_segments > 0)[:, None, None, :])
+
+  def decode_step(self, ids_t: jax.Array, cache: DecoderCache) -> tuple[jax.Array, DecoderCache]:
+    """ids_t: [B] the previous token -> (logits [B, V] for the next one, advanced cache)."""
+    positions = jnp.broadcast_to(cache.index, (ids_t.shape[0], 1))
+    y = self._embed(self.tgt_embed, ids_t[:, None], positions, True)  # [B, 1, D]
+    new_caches = []
+    for layer, kv, k, v in zip(self.decoder_layers, cache.self_attention, cache.cross_k,
+                               cache.cross_v):
+      y, kv = layer.step(y, kv, k, v, cache.cross_mask)
+      new_caches.append(kv)
+    logits = self._logits(y)[:, 0]
+    return logits, cache.replace(self_attention=tuple(new_caches))
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
+  """Initial parameters for `cfg` (shapes only need a [1, 1] dummy batch)."""
+  dummy = jnp.ones((1, 1), jnp.int32)
+  return Transformer(cfg).init(rng, dummy, dummy)['params']
+
+
+def count_params(params: dict) -> int:
+  """Total number of scalars in a parameter pytree (works on ShapeDtypeStructs too)."""
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

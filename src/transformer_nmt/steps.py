@@ -1,0 +1,66 @@
+"""Pure, jittable training and evaluation steps.
+
+A batch is a dict of [B, L] int32 arrays: src, src_segments, src_positions, tgt_in, tgt_out,
+tgt_segments, tgt_positions (segments: 0 for padding). Bind the keyword arguments with
+functools.partial and jit once:
+
+  step = jax.jit(functools.partial(train_step, label_smoothing=0.1, learning_rate_fn=lr),
+                 donate_argnums=0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer_nmt.losses import smoothed_cross_entropy
+from transformer_nmt.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def _forward(apply_fn: Callable[..., jax.Array], params: Any, batch: Batch, deterministic: bool,
+             rngs: Optional[dict] = None) -> jax.Array:
+  return apply_fn({'params': params}, batch['src'], batch['tgt_in'], batch['src_segments'],
+                  batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
+                  deterministic=deterministic, rngs=rngs)  # [B, T, V]
+
+
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothing: float,
+               learning_rate_fn: Optional[optax.Schedule] = None) -> tuple[TrainState, dict]:
+  """One Adam update on the token-mean label-smoothed loss.
+
+  Args:
+    state: params, optimizer state and step.
+    batch: see module docstring.
+    rng: base dropout key; folded with the step so every step draws fresh masks.
+    label_smoothing: eps_ls.
+    learning_rate_fn: reported in the metrics when given.
+
+  Returns:
+    (new state, metrics): sums 'loss', 'nll', 'correct', 'tokens' and 'grad_norm', 'learning_rate'.
+  """
+  dropout_rng = jax.random.fold_in(rng, state.step)
+  weights = batch['tgt_segments'] > 0
+
+  def loss_fn(params: Any) -> tuple[jax.Array, dict]:
+    logits = _forward(state.apply_fn, params, batch, False, {'dropout': dropout_rng})
+    sums = smoothed_cross_entropy(logits, batch['tgt_out'], weights, label_smoothing)
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
+
+  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  metrics = dict(sums, grad_norm=optax.global_norm(grads))
+  if learning_rate_fn is not None:
+    metrics['learning_rate'] = learning_rate_fn(state.step)
+  return state.apply_gradients(grads=grads), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, apply_fn: Callable[..., jax.Array],
+              label_smoothing: float) -> dict:
+  """Loss sums on one batch without dropout (see `smoothed_cross_entropy`)."""
+  logits = _forward(apply_fn, params, batch, True)
+  return smoothed_cross_entropy(logits, batch['tgt_out'], batch['tgt_segments'] > 0,
+                                label_smoothing)

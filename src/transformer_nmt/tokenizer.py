@@ -1,0 +1,91 @@
+"""SentencePiece subword tokenizer: training on parallel text, and id <-> text conversion.
+
+Special ids are fixed at training time (pad 0, unk 1, bos 2, eos 3) and always read back
+from the model, never assumed by other modules.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import random
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from transformer_nmt.errors import DataError
+
+
+class Tokenizer:
+  """A loaded SentencePiece model with the ids the model and decoders need."""
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = pathlib.Path(path)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
+    except (OSError, RuntimeError) as e:
+      raise DataError(f'cannot load SentencePiece model {self.path}: {e}') from None
+    if self._sp.pad_id() < 0:
+      raise DataError(f'SentencePiece model {self.path} has no padding id; train it with pad_id=0')
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  @property
+  def pad_id(self) -> int:
+    return self._sp.pad_id()
+
+  @property
+  def bos_id(self) -> int:
+    return self._sp.bos_id()
+
+  @property
+  def eos_id(self) -> int:
+    return self._sp.eos_id()
+
+  def encode(self, lines: Sequence[str]) -> list[list[int]]:
+    """Sentences -> subword ids (no BOS/EOS)."""
+    return self._sp.encode(list(lines), out_type=int, num_threads=os.cpu_count() or 1)
+
+  def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+    """Subword ids -> detokenised sentences; ids from EOS on are dropped."""
+    return self._sp.decode([_until_eos(row, self.eos_id, self.pad_id) for row in ids])
+
+  def pieces(self, ids: Sequence[int]) -> list[str]:
+    """Subword strings for a row of ids (for attention plots and debugging)."""
+    return [self._sp.id_to_piece(int(i)) for i in ids]
+
+
+def _until_eos(row: Iterable[int], eos_id: int, pad_id: int) -> list[int]:
+  out = []
+  for i in row:
+    i = int(i)
+    if i == eos_id:
+      break
+    if i != pad_id:
+      out.append(i)
+  return out
+
+
+def train_tokenizer(lines: Sequence[str], path: str | os.PathLike, *, vocab_size: int,
+                    model_type: str = 'unigram', character_coverage: float = 1.0,
+                    max_sentences: int = 1_000_000, seed: int = 0) -> Tokenizer:
+  """Trains SentencePiece on (a seeded sample of) `lines` and writes the model atomically.
+
+  `vocab_size` is a soft limit (hard_vocab_limit=False) so small corpora still train.
+  """
+  if len(lines) > max_sentences:
+    lines = random.Random(seed).sample(list(lines), max_sentences)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, character_coverage=character_coverage, pad_id=0, unk_id=1,
+      bos_id=2, eos_id=3, hard_vocab_limit=False, num_threads=os.cpu_count() or 1,
+      minloglevel=2)
+  path = pathlib.Path(path)
+  tmp = path.with_suffix(path.suffix + '.tmp')
+  tmp.write_bytes(model.getvalue())
+  os.replace(tmp, path)
+  return Tokenizer(path)

@@ -1,0 +1,207 @@
+"""train_and_evaluate(config, workdir): the training loop, built from the library's pieces."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+import time
+from typing import Any, Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from transformer_nmt import corpus as corpus_lib
+from transformer_nmt import data as data_lib
+from transformer_nmt.checkpoint import Checkpointer
+from transformer_nmt.config import ModelConfig, check_sections, model_config_from_dict
+from transformer_nmt.defaults import default_config
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.evaluation import Evaluator, subset
+from transformer_nmt.metrics import MetricWriter
+from transformer_nmt.steps import train_step
+from transformer_nmt.train_state import create_train_state, learning_rate_fn
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Rejects unknown keys, wrong types and out-of-range values before anything is written."""
+  check_sections(config.to_dict(), default_config().to_dict())
+  model_config_from_dict(config.model, vocab_size=1, src_vocab_size=1)
+  t, d = config.train, config.data
+  for name, value in (('train.num_steps', t.num_steps), ('train.warmup_steps', t.warmup_steps),
+                      ('train.log_every', t.log_every), ('train.eval_every', t.eval_every),
+                      ('train.checkpoint_every', t.checkpoint_every),
+                      ('train.keep_checkpoints', t.keep_checkpoints),
+                      ('data.tokens_per_batch', d.tokens_per_batch), ('data.max_len', d.max_len),
+                      ('data.vocab_size', d.vocab_size),
+                      ('eval.tokens_per_batch', config.eval.tokens_per_batch)):
+    if value <= 0:
+      raise ConfigError(f'{name}={value} must be positive')
+  for name, value in (('train.label_smoothing', t.label_smoothing), ('train.adam_b1', t.adam_b1),
+                      ('train.adam_b2', t.adam_b2)):
+    if not 0.0 <= value < 1.0:
+      raise ConfigError(f'{name}={value} must be in [0, 1)')
+  if t.adam_eps <= 0 or t.learning_rate_multiplier <= 0 or t.clip_grad_norm < 0:
+    raise ConfigError('train.adam_eps and train.learning_rate_multiplier must be positive, '
+                      'train.clip_grad_norm non-negative')
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything the loop needs, prepared (and validated) before training starts."""
+
+  model_cfg: ModelConfig
+  train: data_lib.ParallelData
+  valid: data_lib.ParallelData
+  test: Optional[data_lib.ParallelData]
+  valid_refs: list[str]
+  test_refs: Optional[list[str]]
+  evaluator: Evaluator
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experiment:
+  """Reads data, sets up tokenizers in the workdir and writes the resolved config."""
+  validate_config(config)
+  corpus = corpus_lib.read_corpus(config.data, workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
+  model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
+                                     src_vocab_size=src_tok.vocab_size)
+  _check_and_write_config(config, model_cfg, workdir)
+  splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, name == 'train')
+            for name, lines in (('train', corpus.train), ('valid', corpus.valid),
+                                ('test', corpus.test)) if lines is not None}
+  for name, split in splits.items():
+    s = split.stats
+    logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
+                 'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
+  evaluator = Evaluator(model_cfg, _apply_fn(model_cfg), config.train.label_smoothing, tgt_tok,
+                        config.eval.max_extra_len)
+  return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
+                    corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator)
+
+
+def _apply_fn(model_cfg: ModelConfig) -> Any:
+  from transformer_nmt.model import Transformer
+  return Transformer(model_cfg).apply
+
+
+def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
+                            workdir: pathlib.Path) -> None:
+  """Writes config.json; refuses a workdir whose checkpoints belong to another model config."""
+  path = workdir / 'config.json'
+  model = dataclasses.asdict(model_cfg)
+  if path.exists() and (workdir / 'checkpoints').exists():
+    old = json.loads(path.read_text()).get('resolved_model', {})
+    diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
+    if diff:
+      raise ConfigError(f'{workdir} holds checkpoints of a different model (differs in {diff}); '
+                        'use a new --workdir')
+  resolved = {**config.to_dict(), 'resolved_model': model}
+  tmp = path.with_suffix('.tmp')
+  tmp.write_text(json.dumps(resolved, indent=2, default=list))
+  tmp.replace(path)
+
+
+class Progress:
+  """Accumulates step metrics on device and logs them every `every` steps (one host sync)."""
+
+  def __init__(self, num_steps: int, start: int, writer: MetricWriter):
+    self.num_steps, self.writer = num_steps, writer
+    self.pending: list[dict] = []
+    self.padding: list[float] = []
+    self.start_step, self.t0 = start, time.time()
+    self.last_step, self.last_t = start, self.t0
+
+  def add(self, metrics: dict, batch: data_lib.Batch) -> None:
+    self.pending.append(metrics)
+    self.padding.append(data_lib.padding_fraction(batch))
+
+  def skip_time(self) -> None:
+    """Excludes time spent outside training (evaluation, checkpoint waits) from throughput."""
+    now = time.time()
+    self.t0 += now - self.last_t
+    self.last_t = now
+
+  def log(self, step: int) -> dict:
+    sums = jax.device_get(self.pending)
+    tokens = sum(float(m['tokens']) for m in sums)
+    real_src = sum(float(m.get('src_tokens', 0.0)) for m in sums)
+    now = time.time()
+    per_step = (now - self.t0) / max(step - self.start_step, 1)
+    row = {'train_loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
+           'train_nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
+           'learning_rate': float(sums[-1]['learning_rate']),
+           'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
+           'tokens_per_sec': (tokens + real_src) / max(now - self.last_t, 1e-9),
+           'padding_fraction': float(np.mean(self.padding))}
+    logging.info('step %d/%d | loss %.3f | lr %.2e | %.0f tok/s | pad %.0f%% | %s elapsed, %s left',
+                 step, self.num_steps, row['train_loss'], row['learning_rate'],
+                 row['tokens_per_sec'], 100 * row['padding_fraction'], _hms(now - self.t0),
+                 _hms(per_step * (self.num_steps - step)))
+    self.pending, self.padding, self.last_step, self.last_t = [], [], step, now
+    return row
+
+
+def _hms(seconds: float) -> str:
+  m, s = divmod(int(seconds), 60)
+  return f'{m // 60}h{m % 60:02d}m' if m >= 60 else f'{m}m{s:02d}s'
+
+
+def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, step: int,
+             final: bool = False) -> dict:
+  """Validation loss and greedy BLEU (and test BLEU when final), logged."""
+  ev, tokens = exp.evaluator, config.eval.tokens_per_batch
+  loss = ev.loss(params, exp.valid, tokens)
+  n = 0 if final else config.eval.bleu_sentences
+  bleu, _, signature = ev.bleu(params, subset(exp.valid, n), exp.valid_refs, tokens)
+  row = {'eval_loss': loss['loss'], 'eval_nll': loss['nll'], 'eval_perplexity': loss['perplexity'],
+         'eval_accuracy': loss['accuracy'], 'eval_bleu': bleu}
+  if final and exp.test is not None:
+    row['test_bleu'], _, _ = ev.bleu(params, exp.test, exp.test_refs, tokens)
+  logging.info('eval at step %d: %s  [%s]', step,
+               ', '.join(f'{k} {v:.4g}' for k, v in row.items()), signature)
+  return row
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Trains, resuming from the workdir's latest checkpoint, and evaluates at the end."""
+  workdir_path = pathlib.Path(workdir)
+  exp = prepare(config, workdir_path)
+  t = config.train
+  rng = jax.random.key(t.seed)
+  state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
+  logging.info('Model: %s parameters', f'{sum(x.size for x in jax.tree_util.tree_leaves(state.params)):,}')
+  ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
+  if ckpt.latest_step() is not None:
+    state = ckpt.restore(state)
+    logging.info('Resumed from checkpoint at step %d', int(state.step))
+  start = int(state.step)
+  writer = MetricWriter(workdir_path, enabled=jax.process_index() == 0)
+  step_fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
+                                      learning_rate_fn=learning_rate_fn(exp.model_cfg, t)),
+                    donate_argnums=0 if jax.default_backend() != 'cpu' else ())
+  progress = Progress(t.num_steps, start, writer)
+  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start)
+  dropout_rng = jax.random.fold_in(rng, 1)
+  for step in range(start + 1, t.num_steps + 1):
+    batch = next(batches)
+    state, metrics = step_fn(state, batch, dropout_rng)
+    metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
+    progress.add(metrics, batch)
+    row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
+    if step % t.checkpoint_every == 0 or step == t.num_steps:
+      ckpt.save(step, state)
+    if step % t.eval_every == 0 or step == t.num_steps:
+      row.update(evaluate(exp, state.params, config, step, final=step == t.num_steps))
+      progress.skip_time()
+    if row:
+      writer.write(step, row)
+  if start >= t.num_steps:  # nothing left to train: report the restored model
+    logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
+    writer.write(start, evaluate(exp, state.params, config, start, final=True))
+  ckpt.close()
+  writer.close()

@@ -1,0 +1,43 @@
+"""Train a Transformer: python train.py --config configs/demo.py --workdir demo_run
+
+Any config value can be overridden, e.g. --config.model.num_layers=2. A second run on the
+same workdir resumes from its latest checkpoint.
+"""
+
+import logging
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_nmt.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics, tokenizer.',
+                               required=True)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  _quiet_logging()
+  from transformer_nmt import trainer  # after flag parsing: keeps --help fast
+  try:
+    trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+def _quiet_logging() -> None:
+  """Our progress lines as 'HH:MM:SS message'; library chatter (Orbax, absl) only from WARNING."""
+  from absl import logging as absl_logging
+  absl_logging.get_absl_handler().setFormatter(
+      logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
+  logging.getLogger().setLevel(logging.INFO)
+  logging.getLogger('absl').setLevel(logging.WARNING)
+  logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # 'no TPU' notice on CPU
+
+
+if __name__ == '__main__':
+  app.run(main)
