@@ -25,8 +25,28 @@ def main(argv: list[str]) -> None:
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+    _fail(str(e))
+  except KeyboardInterrupt:
+    sys.exit(130)  # the trainer has saved a checkpoint; rerunning resumes from it
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with bad flags, config files and config keys reported as one line."""
+  try:
+    rest = flags.FLAGS(argv)
+    _CONFIG.value.to_dict()  # config_flags loads lazily: surface a missing or broken file now
+    return rest
+  except flags.Error as e:
+    _fail(str(e))
+  except (AttributeError, KeyError, TypeError, ValueError, SyntaxError, OSError) as e:
+    # config_flags raises these for unknown keys, bad override values and broken config files
+    _fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
+  return []
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
 
 
 def _quiet_logging() -> None:
@@ -40,4 +60,4 @@ def _quiet_logging() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -23,9 +23,11 @@ class Checkpointer:
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
-  def save(self, step: int, state: Any) -> None:
-    """Starts an asynchronous save of `state` (a TrainState or any pytree)."""
-    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)))
+  def save(self, step: int, state: Any, force: bool = False) -> None:
+    """Starts an asynchronous save of `state`; with `force`, also when `step` is already saved."""
+    if force and step in self._manager.all_steps():
+      return
+    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)), force=force)
 
   def restore(self, state: Any, step: Optional[int] = None) -> Any:
     """Restores into the structure (and shardings) of `state`; latest step by default."""

@@ -22,6 +22,7 @@ from transformer_nmt.defaults import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.evaluation import Evaluator, subset
 from transformer_nmt.metrics import MetricWriter
+from transformer_nmt.model import count_params
 from transformer_nmt.steps import train_step
 from transformer_nmt.train_state import create_train_state, learning_rate_fn
 
@@ -44,6 +45,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                       ('train.adam_b2', t.adam_b2)):
     if not 0.0 <= value < 1.0:
       raise ConfigError(f'{name}={value} must be in [0, 1)')
+  if not d.joint_vocab and config.model.share_embeddings:
+    raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
+                      'it needs model.share_embeddings=False')
   if t.adam_eps <= 0 or t.learning_rate_multiplier <= 0 or t.clip_grad_norm < 0:
     raise ConfigError('train.adam_eps and train.learning_rate_multiplier must be positive, '
                       'train.clip_grad_norm non-negative')
@@ -138,8 +142,9 @@ class Progress:
            'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
            'tokens_per_sec': (tokens + real_src) / max(now - self.last_t, 1e-9),
            'padding_fraction': float(np.mean(self.padding))}
-    logging.info('step %d/%d | loss %.3f | lr %.2e | %.0f tok/s | pad %.0f%% | %s elapsed, %s left',
-                 step, self.num_steps, row['train_loss'], row['learning_rate'],
+    logging.info('step %d/%d | loss %.3f (nll %.3f) | lr %.2e | %.0f tok/s | pad %.0f%% | '
+                 '%s elapsed, %s left', step, self.num_steps, row['train_loss'], row['train_nll'],
+                 row['learning_rate'],
                  row['tokens_per_sec'], 100 * row['padding_fraction'], _hms(now - self.t0),
                  _hms(per_step * (self.num_steps - step)))
     self.pending, self.padding, self.last_step, self.last_t = [], [], step, now
@@ -174,34 +179,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   t = config.train
   rng = jax.random.key(t.seed)
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
-  logging.info('Model: %s parameters', f'{sum(x.size for x in jax.tree_util.tree_leaves(state.params)):,}')
+  logging.info('Model: %s parameters', f'{count_params(state.params):,}')
   ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
   if ckpt.latest_step() is not None:
     state = ckpt.restore(state)
     logging.info('Resumed from checkpoint at step %d', int(state.step))
-  start = int(state.step)
   writer = MetricWriter(workdir_path, enabled=jax.process_index() == 0)
+  try:
+    _train_loop(exp, config, state, ckpt, writer, jax.random.fold_in(rng, 1))
+  finally:
+    ckpt.close()
+    writer.close()
+
+
+def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+                ckpt: Checkpointer, writer: MetricWriter, dropout_rng: jax.Array) -> None:
+  """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
+  on Ctrl-C the last completed step is checkpointed before the interrupt propagates."""
+  t = config.train
+  start = int(state.step)
   step_fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
                                       learning_rate_fn=learning_rate_fn(exp.model_cfg, t)),
                     donate_argnums=0 if jax.default_backend() != 'cpu' else ())
   progress = Progress(t.num_steps, start, writer)
   batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start)
-  dropout_rng = jax.random.fold_in(rng, 1)
-  for step in range(start + 1, t.num_steps + 1):
-    batch = next(batches)
-    state, metrics = step_fn(state, batch, dropout_rng)
-    metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
-    progress.add(metrics, batch)
-    row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
-    if step % t.checkpoint_every == 0 or step == t.num_steps:
-      ckpt.save(step, state)
-    if step % t.eval_every == 0 or step == t.num_steps:
-      row.update(evaluate(exp, state.params, config, step, final=step == t.num_steps))
-      progress.skip_time()
-    if row:
-      writer.write(step, row)
+  try:
+    for step in range(start + 1, t.num_steps + 1):
+      batch = next(batches)
+      state, metrics = step_fn(state, batch, dropout_rng)
+      metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
+      progress.add(metrics, batch)
+      row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
+      if step % t.checkpoint_every == 0 or step == t.num_steps:
+        ckpt.save(step, state)
+      if step % t.eval_every == 0 or step == t.num_steps:
+        row.update(evaluate(exp, state.params, config, step, final=step == t.num_steps))
+        progress.skip_time()
+      if row:
+        writer.write(step, row)
+  except KeyboardInterrupt:  # `state` is the last completed step's
+    ckpt.save(int(state.step), state, force=True)
+    logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))
+    raise
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
     writer.write(start, evaluate(exp, state.params, config, start, final=True))
-  ckpt.close()
-  writer.close()

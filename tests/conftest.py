@@ -1,0 +1,31 @@
+"""Shared fixtures: CPU only, a tiny model config, a small parallel text."""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+from transformer_nmt.config import ModelConfig  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / 'shared' / 'data'
+
+
+@pytest.fixture(scope='session')
+def tiny_cfg() -> ModelConfig:
+  return ModelConfig(vocab_size=24, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+                     residual_dropout=0.0, embedding_dropout=0.0)
+
+
+@pytest.fixture
+def parallel_files(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """20 aligned sentence pairs (English numbers -> German), one with an empty side."""
+  en = [f'I have {n} cats' + ' and dogs' * (n % 4) + ' .' for n in range(1, 20)] + ['']
+  de = [f'Ich habe {n} Katzen' + ' und Hunde' * (n % 4) + ' .' for n in range(1, 20)] + ['leer']
+  src, tgt = tmp_path / 'p.en', tmp_path / 'p.de'
+  src.write_text('\n'.join(en) + '\n', encoding='utf-8')
+  tgt.write_text('\n'.join(de) + '\n', encoding='utf-8')
+  return src, tgt

@@ -1,0 +1,109 @@
+"""train.py end to end on the tiny config, and its handling of bad input."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def run_train(workdir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         *flags]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def metrics(workdir: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_train_end_to_end_then_resume(tmp_path):
+  workdir = tmp_path / 'run'
+  first = run_train(workdir)
+  assert first.returncode == 0, first.stderr[-3000:]
+  for name in ('config.json', 'spm.model', 'metrics.jsonl', 'checkpoints/20', 'tensorboard'):
+    assert (workdir / name).exists(), name
+  rows = metrics(workdir)
+  train_rows = [r for r in rows if 'train_loss' in r]
+  assert [r['step'] for r in train_rows] == [5, 10, 15, 20]
+  assert all({'train_loss', 'learning_rate', 'tokens_per_sec'} <= set(r) for r in train_rows)
+  assert {'eval_loss', 'eval_bleu', 'test_bleu'} <= set(rows[-1])
+  assert list((workdir / 'tensorboard').iterdir()), 'no TensorBoard event file'
+  assert 'step 20/20' in first.stderr
+
+  second = run_train(workdir, '--config.train.num_steps=30')
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert 'Resumed from checkpoint at step 20' in second.stderr
+  assert 'Training SentencePiece' not in second.stderr  # the workdir's tokenizer is reused
+  new_rows = metrics(workdir)[len(rows):]
+  assert [r['step'] for r in new_rows if 'train_loss' in r] == [25, 30]
+  assert (workdir / 'checkpoints/30').exists()
+
+
+def _assert_clean_failure(result: subprocess.CompletedProcess, message: str) -> None:
+  assert result.returncode != 0
+  assert message in result.stderr, result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--config.model.num_heads=3', 'model.d_model=32 is not divisible by model.num_heads=3'),
+    ('--config.model.residual_dropout=-0.1', 'model.residual_dropout=-0.1 must be in [0, 1)'),
+    ('--config.train.label_smoothing=1.5', 'train.label_smoothing=1.5 must be in [0, 1)'),
+    ('--config.model.norm_position=middle', "model.norm_position='middle'"),
+    ('--config.model.no_such_key=1', 'no_such_key'),
+])
+def test_bad_config_values_fail_cleanly_and_write_nothing(tmp_path, flag, message):
+  workdir = tmp_path / 'run'
+  _assert_clean_failure(run_train(workdir, flag), message)
+  assert not workdir.exists()
+
+
+def test_data_errors_fail_cleanly(tmp_path):
+  (tmp_path / 'a.en').write_text('one\ntwo\n')
+  (tmp_path / 'a.de').write_text('eins\n')
+  (tmp_path / 'bad.de').write_bytes(b'eins\nzwei \xff\n')
+  workdir = tmp_path / 'run'
+  text = ['--config.data.source=text', f'--config.data.valid_src={tmp_path}/a.en',
+          f'--config.data.valid_tgt={tmp_path}/a.en']
+  cases = [
+      ([f'--config.data.train_src={tmp_path}/missing.en',
+        f'--config.data.train_tgt={tmp_path}/a.de'], 'missing.en: no such file'),
+      ([f'--config.data.train_src={tmp_path}/a.en', f'--config.data.train_tgt={tmp_path}/a.de'],
+       'has 2 lines but'),
+      ([f'--config.data.train_src={tmp_path}/a.en', f'--config.data.train_tgt={tmp_path}/bad.de'],
+       'bad.de:2: invalid UTF-8'),
+      ([f'--config.data.train_src={tmp_path}/a.en'], 'data.train_tgt is empty'),
+  ]
+  for flags, message in cases:
+    _assert_clean_failure(run_train(workdir, *text, *flags), message)
+    assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_to_resume_from(tmp_path):
+  import signal
+  import time
+  workdir = tmp_path / 'run'
+  cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000',
+         '--config.train.eval_every=100000']
+  proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  for line in proc.stderr:  # wait until training is under way
+    if 'step 10/' in line or time.time() > deadline:
+      break
+  proc.send_signal(signal.SIGINT)
+  rest = proc.communicate(timeout=120)[1]
+  assert proc.returncode == 130, rest[-2000:]
+  assert 'Traceback' not in rest
+  saved = [int(p.name) for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()]
+  assert len(saved) == 1 and saved[0] >= 10
+  assert not [p for p in (workdir / 'checkpoints').iterdir() if 'tmp' in p.name]
+  again = run_train(workdir, f'--config.train.num_steps={saved[0] + 5}')
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f'Resumed from checkpoint at step {saved[0]}' in again.stderr

@@ -1,0 +1,61 @@
+import importlib
+
+import pytest
+
+from transformer_nmt.config import model_config_from_dict
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.trainer import validate_config
+
+CONFIGS = ['base', 'big', 'small', 'demo', 'tiny']
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_every_config_validates(name):
+  validate_config(importlib.import_module(f'configs.{name}').get_config())
+
+
+def test_paper_table3_values():
+  from configs import base, big
+  b, g = base.get_config(), big.get_config()
+  assert (b.model.num_layers, b.model.d_model, b.model.d_ff, b.model.num_heads) == (6, 512, 2048, 8)
+  assert b.model.residual_dropout == b.model.embedding_dropout == 0.1
+  assert (g.model.d_model, g.model.d_ff, g.model.num_heads, g.model.residual_dropout) == (
+      1024, 4096, 16, 0.3)
+  assert (b.train.adam_b1, b.train.adam_b2, b.train.adam_eps) == (0.9, 0.98, 1e-9)
+  assert b.model.norm_position == 'post' and b.model.positional_encoding == 'interleaved'
+
+
+def _base():
+  from configs import base
+  return base.get_config()
+
+
+@pytest.mark.parametrize('mutate, message', [
+    (lambda c: c.model.update(num_heads=7), 'not divisible'),
+    (lambda c: c.model.update(attention_dropout=1.0), 'attention_dropout=1.0 must be in'),
+    (lambda c: c.model.update(positional_encoding='learned'), 'positional_encoding'),
+    (lambda c: c.model.update(dtype='float16'), 'model.dtype'),
+    (lambda c: c.train.update(num_steps=0), 'train.num_steps=0 must be positive'),
+    (lambda c: c.data.update(tokens_per_batch=-5), 'data.tokens_per_batch=-5'),
+    (lambda c: c.train.update(typo_key=1), 'unknown option train.typo_key'),
+    (lambda c: c.update(extra={'a': 1}), "unknown config section 'extra'"),
+])
+def test_bad_values_name_the_option(mutate, message):
+  c = _base()
+  with c.unlocked():
+    mutate(c)
+  with pytest.raises(ConfigError, match=message):
+    validate_config(c)
+
+
+def test_wrong_types_name_the_option():
+  c = _base()
+  with c.ignore_type():  # a hand-built config file can bypass ConfigDict's own type check
+    c.train.warmup_steps = 'many'
+  with pytest.raises(ConfigError, match='train.warmup_steps=.many. should be of type int'):
+    validate_config(c)
+
+
+def test_model_config_rejects_unknown_keys():
+  with pytest.raises(ConfigError, match='unknown model option'):
+    model_config_from_dict({'d_modle': 512})

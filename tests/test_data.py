@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+
+from transformer_nmt import data as data_lib
+from transformer_nmt.errors import DataError
+from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+
+
+@pytest.fixture
+def tokenizer(parallel_files, tmp_path) -> Tokenizer:
+  src, tgt, _ = data_lib.read_parallel(*parallel_files)
+  return train_tokenizer(src + tgt, tmp_path / 'spm.model', vocab_size=60,
+                         model_type='unigram')
+
+
+def test_read_parallel_skips_and_counts_empty_pairs(parallel_files):
+  src, tgt, stats = data_lib.read_parallel(*parallel_files)
+  assert (stats.lines, stats.kept, stats.empty) == (20, 19, 1)
+  assert src[0] == 'I have 1 cats and dogs .' and tgt[0] == 'Ich habe 1 Katzen und Hunde .'
+
+
+def test_lines_are_stripped(tmp_path):
+  path = tmp_path / 'a.txt'
+  path.write_bytes(b' leading\ntrailing  \r\n')
+  assert data_lib.read_lines(path) == ['leading', 'trailing']
+
+
+def test_missing_file_names_the_file(tmp_path):
+  with pytest.raises(DataError, match='nope.en: no such file'):
+    data_lib.read_lines(tmp_path / 'nope.en')
+
+
+def test_different_line_counts_are_an_error(tmp_path):
+  (tmp_path / 'a.en').write_text('one\ntwo\n')
+  (tmp_path / 'a.de').write_text('eins\n')
+  with pytest.raises(DataError, match='has 2 lines but .* has 1'):
+    data_lib.read_parallel(tmp_path / 'a.en', tmp_path / 'a.de')
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+  path = tmp_path / 'bad.de'
+  path.write_bytes('gut\nschön\n'.encode('utf-8') + b'kaputt \xff\n')
+  with pytest.raises(DataError, match=r'bad\.de:3: invalid UTF-8'):
+    data_lib.read_lines(path)
+
+
+def test_bucket_boundaries_are_increasing_and_end_at_max_len():
+  bounds = data_lib.bucket_boundaries(64)
+  assert bounds[0] == 8 and bounds[-1] == 64
+  assert all(a < b for a, b in zip(bounds, bounds[1:]))
+  assert all(b % 4 == 0 for b in bounds)
+
+
+def _encode(parallel_files, tokenizer, max_len, boundaries=None):
+  src, tgt, stats = data_lib.read_parallel(*parallel_files)
+  return data_lib.encode_parallel(src, tgt, tokenizer, tokenizer, max_len=max_len, stats=stats,
+                                  boundaries=boundaries)
+
+
+def test_long_pairs_are_skipped_and_counted(parallel_files, tokenizer):
+  everything = _encode(parallel_files, tokenizer, max_len=None)
+  limit = int(np.median(everything.lengths))
+  data = _encode(parallel_files, tokenizer, max_len=limit)
+  assert data.stats.too_long == int(np.sum(everything.lengths > limit)) > 0
+  assert len(data) + data.stats.too_long == 19
+  assert max(data.lengths) <= limit
+
+
+def test_batches_have_fixed_shapes_budget_and_no_padding_leaks(parallel_files, tokenizer):
+  data = _encode(parallel_files, tokenizer, max_len=None)
+  top = int(data.lengths.max())
+  data.boundaries = [top // 2, top]
+  seen = []
+  for plan in data_lib.plan_batches(data, tokens_per_batch=4 * top):
+    batch = data_lib.collate(data, plan)
+    assert batch['src'].shape == (4 * top // plan.length, plan.length)
+    for row, i in enumerate(plan.examples):
+      n = len(data.tgt[i])
+      np.testing.assert_array_equal(batch['tgt_out'][row, :n], data.tgt[i])
+      assert batch['tgt_in'][row, 0] == tokenizer.bos_id
+      np.testing.assert_array_equal(batch['tgt_in'][row, 1:n], data.tgt[i][:-1])
+      assert (batch['tgt_out'][row, n:] == tokenizer.pad_id).all()
+      assert (batch['tgt_segments'][row, n:] == 0).all() and (batch['tgt_segments'][row, :n] == 1).all()
+      np.testing.assert_array_equal(batch['src_positions'][row, :len(data.src[i])],
+                                    np.arange(len(data.src[i])))
+    assert (batch['src_segments'][len(plan.examples):] == 0).all()  # filler rows are empty
+    seen += list(plan.examples)
+  assert sorted(seen) == list(range(len(data)))  # every example exactly once per epoch
+
+
+def test_train_batches_resume_exactly(parallel_files, tokenizer):
+  data = _encode(parallel_files, tokenizer, max_len=None)
+  budget = 2 * int(data.lengths.max())  # 2-4 rows per batch: several batches per epoch
+  full = data_lib.train_batches(data, budget, seed=3)
+  reference = [next(full) for _ in range(12)]
+  resumed = data_lib.train_batches(data, budget, seed=3, start_step=7)
+  for expected in reference[7:]:
+    got = next(resumed)
+    for key in expected:
+      np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_padding_fraction():
+  batch = {'src': np.zeros((2, 4)), 'tgt_out': np.zeros((2, 4)),
+           'src_segments': np.array([[1, 1, 0, 0], [1, 1, 1, 1]]),
+           'tgt_segments': np.array([[1, 0, 0, 0], [1, 1, 1, 1]])}
+  assert data_lib.padding_fraction(batch) == pytest.approx(5 / 16)
+
+
+def test_tokenizer_round_trip_and_special_ids(tokenizer):
+  assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 2, 3)
+  ids = tokenizer.encode(['Ich habe 7 Katzen .'])
+  assert tokenizer.decode(ids) == ['Ich habe 7 Katzen .']
+  # everything from EOS on is dropped, padding is ignored
+  assert tokenizer.decode([ids[0] + [tokenizer.eos_id, 5, 6]]) == ['Ich habe 7 Katzen .']
+
+
+def test_unloadable_tokenizer_is_a_clear_error(tmp_path):
+  bad = tmp_path / 'x.model'
+  bad.write_bytes(b'not a model')
+  with pytest.raises(DataError, match='cannot load SentencePiece model'):
+    Tokenizer(bad)

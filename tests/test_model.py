@@ -1,0 +1,104 @@
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base, big
+from transformer_nmt.config import model_config_from_dict
+from transformer_nmt.model import Transformer, count_params, init_params
+
+
+def closed_form_count(vocab: int, d: int, f: int, n: int, pre_ln: bool) -> int:
+  """Shared, tied embedding + N encoder and N decoder layers (+ final LNs for pre-LN).
+
+  Attention projections have no bias (4 D^2 per attention); the FFN has biases; every
+  LayerNorm has a scale and a bias (2 D).
+  """
+  ffn = d * f + f + f * d + d
+  encoder_layer = 4 * d * d + ffn + 2 * 2 * d
+  decoder_layer = 2 * 4 * d * d + ffn + 3 * 2 * d
+  final_norms = 2 * 2 * d if pre_ln else 0
+  return vocab * d + n * (encoder_layer + decoder_layer) + final_norms
+
+
+@pytest.mark.parametrize('config_module, expected_millions', [(base, 63.0), (big, 213.0)])
+def test_paper_param_counts_via_eval_shape(config_module, expected_millions):
+  c = config_module.get_config()
+  cfg = model_config_from_dict(c.model, vocab_size=37000)
+  shapes = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))  # no allocation
+  expected = closed_form_count(37000, cfg.d_model, cfg.d_ff, cfg.num_layers, pre_ln=False)
+  assert count_params(shapes) == expected
+  # The paper reports 65M (base) and 213M (big) with its own vocabulary size.
+  assert count_params(shapes) / 1e6 == pytest.approx(expected_millions, rel=0.05)
+
+
+def test_pre_ln_count_and_untied_output_count(tiny_cfg):
+  pre = dataclasses.replace(tiny_cfg, norm_position='pre')
+  shapes = jax.eval_shape(lambda key: init_params(pre, key), jax.random.key(0))
+  assert count_params(shapes) == closed_form_count(24, 32, 64, 2, pre_ln=True)
+  untied = dataclasses.replace(tiny_cfg, tie_output=False, share_embeddings=False,
+                               src_vocab_size=30)
+  shapes = jax.eval_shape(lambda key: init_params(untied, key), jax.random.key(0))
+  base_count = closed_form_count(24, 32, 64, 2, pre_ln=False)
+  assert count_params(shapes) == base_count + 30 * 32 + 24 * 32  # + source table + W_out
+
+
+def test_initialisation_scales(tiny_cfg):
+  params = init_params(dataclasses.replace(tiny_cfg, vocab_size=4000, d_model=64, d_ff=128),
+                       jax.random.key(0))
+  emb = np.asarray(params['tgt_embed']['embedding'])
+  assert emb.std() == pytest.approx(64 ** -0.5, rel=0.05)  # normal(0, d^-0.5)
+  kernel = np.asarray(params['encoder_layers_0']['ffn']['wi']['kernel'])  # [64, 128]
+  limit = np.sqrt(6 / (64 + 128))  # Xavier-uniform bound
+  assert kernel.max() <= limit and kernel.min() >= -limit and kernel.max() > 0.9 * limit
+
+
+def _batch():
+  src = jnp.array([[5, 6, 7, 3], [8, 9, 3, 0]])
+  tgt_in = jnp.array([[2, 10, 11], [2, 12, 0]])
+  return src, tgt_in, (src > 0).astype(jnp.int32), (tgt_in > 0).astype(jnp.int32)
+
+
+def test_post_ln_and_pre_ln_differ(tiny_cfg):
+  src, tgt, s_seg, t_seg = _batch()
+  params = init_params(tiny_cfg, jax.random.key(0))  # same parameter tree for both variants
+  post = Transformer(tiny_cfg).apply({'params': params}, src, tgt, s_seg, t_seg)
+  pre_cfg = dataclasses.replace(tiny_cfg, norm_position='pre')
+  pre_params = init_params(pre_cfg, jax.random.key(0))
+  pre = Transformer(pre_cfg).apply({'params': pre_params}, src, tgt, s_seg, t_seg)
+  assert post.shape == pre.shape == (2, 3, 24)
+  assert float(jnp.abs(post - pre).max()) > 1e-3
+
+
+def test_padding_does_not_leak_into_real_positions(tiny_cfg):
+  src, tgt, s_seg, t_seg = _batch()
+  model = Transformer(tiny_cfg)
+  params = init_params(tiny_cfg, jax.random.key(0))
+  a = model.apply({'params': params}, src, tgt, s_seg, t_seg)
+  b = model.apply({'params': params}, src.at[1, 3].set(17), tgt.at[1, 2].set(19), s_seg, t_seg)
+  np.testing.assert_allclose(a[1, :2], b[1, :2], atol=1e-6)
+
+
+def test_cached_decoding_matches_teacher_forcing(tiny_cfg):
+  src, tgt, s_seg, _ = _batch()
+  model = Transformer(tiny_cfg)
+  variables = {'params': init_params(tiny_cfg, jax.random.key(1))}
+  full = model.apply(variables, src, tgt, s_seg)
+  memory = model.apply(variables, src, s_seg, method=Transformer.encode)
+  cache = model.apply(variables, memory, s_seg, tgt.shape[1], method=Transformer.init_cache)
+  steps = []
+  for t in range(tgt.shape[1]):
+    logits, cache = model.apply(variables, tgt[:, t], cache, method=Transformer.decode_step)
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params(tiny_cfg):
+  cfg = dataclasses.replace(tiny_cfg, dtype='bfloat16')
+  params = init_params(cfg, jax.random.key(0))
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+  src, tgt, s_seg, t_seg = _batch()
+  logits = Transformer(cfg).apply({'params': params}, src, tgt, s_seg, t_seg)
+  assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()

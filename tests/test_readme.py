@@ -1,0 +1,27 @@
+"""The README's library example runs as written, and its commands match CI."""
+
+import re
+
+from conftest import ROOT
+
+
+def _python_blocks(text: str) -> list[str]:
+  return re.findall(r'```python\n(.*?)```', text, flags=re.S)
+
+
+def test_readme_library_example_runs(capsys):
+  blocks = _python_blocks((ROOT / 'README.md').read_text())
+  assert blocks, 'README has no python example'
+  exec(compile(blocks[0], 'README.md', 'exec'), {})  # noqa: S102 - our own documentation
+  out = capsys.readouterr().out
+  assert 'loss per token' in out
+  assert '(1, 3, 100) (1, 15)' in out
+
+
+def test_readme_test_command_is_what_ci_runs():
+  readme = (ROOT / 'README.md').read_text()
+  ci = (ROOT / '.ci' / 'run').read_text()
+  command = 'pip install -r requirements.txt -e . && python -m pytest -q'
+  assert command in readme
+  assert 'pip install -q -r requirements.txt -e . && python -m pytest -q' in ci
+  assert 'python train.py --config configs/demo.py --workdir demo_run' in readme
