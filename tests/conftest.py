@@ -29,3 +29,16 @@ def parallel_files(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
   src.write_text('\n'.join(en) + '\n', encoding='utf-8')
   tgt.write_text('\n'.join(de) + '\n', encoding='utf-8')
   return src, tgt
+
+
+@pytest.fixture(scope='session')
+def tiny_workdir(tmp_path_factory) -> pathlib.Path:
+  """A workdir trained for 20 steps on the tiny config (checkpoints at steps 10 and 20)."""
+  import subprocess
+  import sys
+  workdir = tmp_path_factory.mktemp('tiny') / 'run'
+  result = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py',
+                           '--workdir', str(workdir)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir

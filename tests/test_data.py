@@ -71,7 +71,7 @@ def test_batches_have_fixed_shapes_budget_and_no_padding_leaks(parallel_files, t
   top = int(data.lengths.max())
   data.boundaries = [top // 2, top]
   seen = []
-  for plan in data_lib.plan_batches(data, tokens_per_batch=4 * top):
+  for plan in data_lib.plan_batches(data.lengths, data.boundaries, tokens_per_batch=4 * top):
     batch = data_lib.collate(data, plan)
     assert batch['src'].shape == (4 * top // plan.length, plan.length)
     for row, i in enumerate(plan.examples):

@@ -7,13 +7,14 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   model:     ModelConfig, Transformer, init_params, count_params
   training:  smoothed_cross_entropy, rsqrt_warmup, make_optimizer, create_train_state,
              train_step, eval_step
-  decoding:  greedy_search, translate_greedy
+  decoding:  greedy_search, beam_search, length_penalty, translate, translate_greedy
 """
 
-from transformer_nmt.attention import (KVCache, MultiHeadAttention, causal_mask,
-                                       dot_product_attention, padding_mask)
+from transformer_nmt.attention import (KVCache, MultiHeadAttention, attention_weights,
+                                       causal_mask, dot_product_attention, padding_mask)
+from transformer_nmt.beam_search import beam_search, length_penalty
 from transformer_nmt.config import ModelConfig, model_config_from_dict
-from transformer_nmt.decoding import greedy_search, translate_greedy
+from transformer_nmt.decoding import greedy_search
 from transformer_nmt.errors import ConfigError, DataError, UserError
 from transformer_nmt.layers import sinusoidal_positions
 from transformer_nmt.losses import smoothed_cross_entropy
@@ -21,9 +22,10 @@ from transformer_nmt.model import DecoderCache, Transformer, count_params, init_
 from transformer_nmt.schedules import rsqrt_warmup
 from transformer_nmt.steps import eval_step, train_step
 from transformer_nmt.train_state import TrainState, create_train_state, make_optimizer
+from transformer_nmt.translate import translate, translate_greedy
 
 __all__ = [
-    'ConfigError', 'DataError', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',
+    'ConfigError', 'DataError', 'attention_weights', 'beam_search', 'length_penalty', 'translate', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',
     'TrainState', 'Transformer', 'UserError', 'causal_mask', 'count_params', 'create_train_state',
     'dot_product_attention', 'eval_step', 'greedy_search', 'init_params', 'make_optimizer',
     'model_config_from_dict', 'padding_mask', 'rsqrt_warmup', 'sinusoidal_positions',

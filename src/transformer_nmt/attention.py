@@ -16,36 +16,51 @@ import jax.numpy as jnp
 from transformer_nmt.config import ModelConfig
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
-                          *, dropout_rng: Optional[jax.Array] = None,
-                          dropout_rate: float = 0.0) -> jax.Array:
-  """softmax(Q K^T / sqrt(d_k)) V, eq. 1, with a boolean mask.
+def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) of eq. 1 as float32 probabilities [B, H, T, S].
 
-  A query row whose keys are all masked (a padding position) returns zeros, never NaN.
+  A query row whose keys are all masked (a padding position) gets all-zero weights, never NaN.
 
   Args:
     q: [B, T, H, Dh] queries.
     k: [B, S, H, Dh] keys.
-    v: [B, S, H, Dh] values.
     mask: bool, broadcastable to [B, H, T, S]; None means attend everywhere.
-    dropout_rng: key for dropout on the attention probabilities (tensor2tensor), or None.
-    dropout_rate: probability of dropping an attention weight.
-
-  Returns:
-    [B, T, H, Dh] attended values.
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
   logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
                       preferred_element_type=jnp.float32)  # [B, H, T, S]
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1)
-  if mask is not None:
-    probs = jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+  return jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
+
+
+def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
+                    dropout_rate: float = 0.0) -> jax.Array:
+  """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
+  (tensor2tensor's attention dropout) when `dropout_rng` is given."""
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
+                          *, dropout_rng: Optional[jax.Array] = None,
+                          dropout_rate: float = 0.0) -> jax.Array:
+  """Scaled dot-product attention, eq. 1: softmax(Q K^T / sqrt(d_k)) V with a boolean mask.
+
+  Args:
+    q: [B, T, H, Dh] queries; k, v: [B, S, H, Dh] keys and values.
+    mask: bool, broadcastable to [B, H, T, S]; None means attend everywhere. Fully masked
+      query rows return zeros.
+    dropout_rng, dropout_rate: optional dropout on the attention probabilities.
+
+  Returns:
+    [B, T, H, Dh] attended values.
+  """
+  return apply_attention(attention_weights(q, k, mask), v, dropout_rng=dropout_rng,
+                         dropout_rate=dropout_rate)
 
 
 def causal_mask(length: int) -> jax.Array:
@@ -134,8 +149,9 @@ class MultiHeadAttention(nn.Module):
     rng = None
     if not deterministic and self.cfg.attention_dropout > 0.0:
       rng = self.make_rng('dropout')
-    out = dot_product_attention(q, k, v, mask, dropout_rng=rng,
-                                dropout_rate=self.cfg.attention_dropout)
+    probs = attention_weights(q, k, mask)
+    self.sow('intermediates', 'attention_weights', probs)  # kept only if the caller asks
+    out = apply_attention(probs, v, dropout_rng=rng, dropout_rate=self.cfg.attention_dropout)
     return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,)))
 
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: Optional[jax.Array],

@@ -6,6 +6,7 @@ import os
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -16,12 +17,16 @@ class Checkpointer:
   interrupted save never looks like a checkpoint.
   """
 
-  def __init__(self, directory: str | os.PathLike, keep: int = 5):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+  def __init__(self, directory: str | os.PathLike, keep: int = 5, read_only: bool = False):
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                           read_only=read_only)
     self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: Any, force: bool = False) -> None:
     """Starts an asynchronous save of `state`; with `force`, also when `step` is already saved."""
@@ -35,6 +40,11 @@ class Checkpointer:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     return state.replace(**restored)
+
+  def restore_params(self, step: int) -> Any:
+    """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed)."""
+    restored = self._manager.restore(step, args=ocp.args.StandardRestore())
+    return jax.tree_util.tree_map(np.asarray, restored['params'])
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

@@ -39,6 +39,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     raise DataError(f'{path}: no such file') from None
   except OSError as e:
     raise DataError(f'{path}: cannot read ({e.strerror})') from None
+  return split_lines(raw, str(path))
+
+
+def split_lines(raw: bytes, name: str) -> list[str]:
+  """UTF-8 bytes -> stripped lines; invalid UTF-8 raises DataError naming `name` and the line."""
   lines = raw.split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()  # the final newline does not start another line
@@ -47,7 +52,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     try:
       out.append(line.decode('utf-8').strip())
     except UnicodeDecodeError as e:
-      raise DataError(f'{path}:{number}: invalid UTF-8 at byte {e.start} of the line') from None
+      raise DataError(f'{name}:{number}: invalid UTF-8 at byte {e.start} of the line') from None
   return out
 
 
@@ -134,18 +139,21 @@ class BatchPlan:
   length: int
 
 
-def plan_batches(data: ParallelData, tokens_per_batch: int,
+def plan_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batch: int,
                  rng: Optional[np.random.Generator] = None) -> list[BatchPlan]:
   """Groups examples by bucket into batches of about `tokens_per_batch` padded tokens per side.
 
-  Each bucket of length L gets rows = max(1, tokens_per_batch // L); the last batch of a bucket
-  is padded with empty rows so shapes stay fixed. With `rng`, examples are shuffled within
-  buckets and batches shuffled across buckets; without it the order is deterministic.
+  Args:
+    lengths: [N] length of each example (for pairs, the longer side).
+    boundaries: increasing bucket lengths; the last must be >= every length.
+    tokens_per_batch: padded-token budget; a bucket of length L gets max(1, budget // L) rows,
+      and its last batch is filled up with empty rows so shapes stay fixed.
+    rng: shuffles examples within buckets and batches across buckets; None keeps the order
+      deterministic (evaluation).
   """
-  lengths = data.lengths
-  bucket_of = np.searchsorted(np.array(data.boundaries), lengths)  # first boundary >= length
+  bucket_of = np.searchsorted(np.asarray(boundaries), lengths)  # first boundary >= length
   plans = []
-  for b, length in enumerate(data.boundaries):
+  for b, length in enumerate(boundaries):
     members = np.flatnonzero(bucket_of == b)
     if rng is not None:
       members = rng.permutation(members)
@@ -156,23 +164,27 @@ def plan_batches(data: ParallelData, tokens_per_batch: int,
   return plans
 
 
+def pad_rows(rows: Sequence[np.ndarray], plan: BatchPlan, pad_id: int) -> tuple[np.ndarray, ...]:
+  """(ids, segments, positions), each [plan.rows, plan.length], for the planned examples."""
+  shape = (plan.rows, plan.length)
+  ids, segments, positions = np.full(shape, pad_id, np.int32), np.zeros(shape, np.int32), \
+      np.zeros(shape, np.int32)
+  for row, i in enumerate(plan.examples):
+    n = len(rows[i])
+    ids[row, :n], segments[row, :n], positions[row, :n] = rows[i], 1, np.arange(n)
+  return ids, segments, positions
+
+
 def collate(data: ParallelData, plan: BatchPlan) -> Batch:
   """Pads the planned examples into the batch dict consumed by `steps.train_step`."""
-  shape = (plan.rows, plan.length)
-  batch = {k: np.zeros(shape, np.int32) for k in
-           ('src', 'src_segments', 'src_positions', 'tgt_in', 'tgt_out', 'tgt_segments',
-            'tgt_positions')}
-  for key in ('src', 'tgt_in', 'tgt_out'):
-    batch[key].fill(data.pad_id)
-  for row, i in enumerate(plan.examples):
-    s, t = data.src[i], data.tgt[i]
-    batch['src'][row, :len(s)] = s
-    batch['tgt_out'][row, :len(t)] = t
-    batch['tgt_in'][row, 0] = data.bos_id  # shift right: BOS, y_1, ..., y_{n-1}
-    batch['tgt_in'][row, 1:len(t)] = t[:-1]
-    for side, n in (('src', len(s)), ('tgt', len(t))):
-      batch[f'{side}_segments'][row, :n] = 1
-      batch[f'{side}_positions'][row, :n] = np.arange(n)
+  batch = {}
+  batch['src'], batch['src_segments'], batch['src_positions'] = pad_rows(data.src, plan,
+                                                                         data.pad_id)
+  batch['tgt_out'], batch['tgt_segments'], batch['tgt_positions'] = pad_rows(data.tgt, plan,
+                                                                             data.pad_id)
+  tgt_in = np.roll(batch['tgt_out'], 1, axis=1)  # shift right: BOS, y_1, ..., y_{n-1}
+  tgt_in[:, 0] = data.bos_id
+  batch['tgt_in'] = np.where(batch['tgt_segments'] > 0, tgt_in, data.pad_id).astype(np.int32)
   return batch
 
 
@@ -189,10 +201,12 @@ def train_batches(data: ParallelData, tokens_per_batch: int, seed: int,
   Epoch e is planned with a generator seeded by (seed, e), so resuming at `start_step`
   reproduces exactly the batches an uninterrupted run would have seen.
   """
-  epoch_size = len(plan_batches(data, tokens_per_batch))
+  lengths = data.lengths
+  epoch_size = len(plan_batches(lengths, data.boundaries, tokens_per_batch))
   epoch, offset = divmod(start_step, epoch_size)
   while True:
-    plans = plan_batches(data, tokens_per_batch, np.random.default_rng([seed, epoch]))
+    plans = plan_batches(lengths, data.boundaries, tokens_per_batch,
+                         np.random.default_rng([seed, epoch]))
     for plan in plans[offset:]:
       yield collate(data, plan)
     epoch, offset = epoch + 1, 0

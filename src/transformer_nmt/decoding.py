@@ -1,75 +1,107 @@
-"""Autoregressive decoding over the explicit decoder cache.
+"""Autoregressive decoding over the explicit decoder cache: the loop, greedy search, sampling.
 
 Search functions take a `logits_fn(ids_t, cache) -> (logits, cache)` callback, so they work
-with any model (or a fixed table in tests). Dimension legend: B batch, L output length, V vocab.
+with any model (or a fixed table in tests). The loop runs `lax.scan` over chunks of steps
+inside a `lax.while_loop` that stops once every row is finished; `chunk >= max_len` gives a
+plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import flax
 import jax
 import jax.numpy as jnp
-
-from transformer_nmt.config import ModelConfig
-from transformer_nmt.model import Transformer
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
-                  eos_id: int, pad_id: int, max_len: int) -> jax.Array:
-  """Picks the argmax token at every step until each row has emitted EOS.
+def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Array], state: Any,
+                num_steps: int, chunk: int = 8) -> Any:
+  """Applies `step_fn` up to `num_steps` times, checking `done_fn` every `chunk` steps.
 
-  A `lax.while_loop` runs one cached decoder step per iteration and stops as soon as
-  every row is finished.
+  Steps after a state is done must leave its result unchanged (the searches below ensure it),
+  since up to `chunk - 1` extra steps run before the loop notices.
+  """
+  chunk = max(1, min(chunk, num_steps))
+  num_chunks = -(-num_steps // chunk)
+
+  def run_chunk(carry: tuple[jax.Array, Any]) -> tuple[jax.Array, Any]:
+    i, state = carry
+    state, _ = jax.lax.scan(lambda s, _: (step_fn(s), None), state, None, length=chunk)
+    return i + 1, state
+
+  def cond(carry: tuple[jax.Array, Any]) -> jax.Array:
+    i, state = carry
+    return (i < num_chunks) & ~done_fn(state)
+
+  return jax.lax.while_loop(cond, run_chunk, (jnp.int32(0), state))[1]
+
+
+def padded_length(max_len: int, chunk: int) -> int:
+  """Buffer length for `max_len` steps run in whole chunks."""
+  chunk = max(1, min(chunk, max_len))
+  return -(-max_len // chunk) * chunk
+
+
+@flax.struct.dataclass
+class GreedyState:
+  """t: [] steps taken; ids: [B, L] output so far; done: [B]; cache: the model's cache."""
+
+  t: jax.Array
+  ids: jax.Array
+  done: jax.Array
+  cache: Any
+  rng: Optional[jax.Array] = None
+
+
+def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
+                  eos_id: int, pad_id: int, max_len: int, chunk: int = 8,
+                  temperature: float = 0.0, top_k: int = 0,
+                  rng: Optional[jax.Array] = None) -> jax.Array:
+  """Greedy decoding (temperature 0), or sampling with temperature and optional top-k.
 
   Args:
     logits_fn: one decoder step, [B] previous ids -> [B, V] logits.
-    cache: the decoder cache for `logits_fn` (sized for `max_len` steps).
+    cache: the decoder cache for `logits_fn`, sized for `padded_length(max_len, chunk)` steps.
     max_lens: [B] per-row output limit in tokens (EOS is forced there), <= max_len.
     bos_id, eos_id, pad_id: special ids from the tokenizer.
-    max_len: static length L of the output buffer.
+    max_len: static length L of the output.
+    chunk: decoding steps per `lax.scan` between early-stopping checks.
+    temperature, top_k, rng: sampling settings (research extra); temperature 0 is argmax.
 
   Returns:
     [B, L] ids: each row's tokens, then EOS, then pad_id.
   """
   batch = max_lens.shape[0]
-  out = jnp.full((batch, max_len), pad_id, jnp.int32)
-  state = (jnp.int32(0), jnp.full((batch,), bos_id, jnp.int32), jnp.zeros((batch,), bool), out,
-           cache)
+  length = padded_length(max_len, chunk)
+  state = GreedyState(jnp.int32(0), jnp.full((batch, length), pad_id, jnp.int32),
+                      jnp.zeros((batch,), bool), cache, rng)
 
-  def cond(state: tuple) -> jax.Array:
-    t, _, done, _, _ = state
-    return (t < max_len) & ~jnp.all(done)
+  def step(s: GreedyState) -> GreedyState:
+    prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
+    logits, cache = logits_fn(prev, s.cache)
+    token, rng = _pick(logits, temperature, top_k, s.rng, s.t)
+    token = jnp.where(s.t + 1 >= max_lens, eos_id, token)  # length limit: close the row
+    token = jnp.where(s.done, pad_id, token)
+    ids = jax.lax.dynamic_update_slice_in_dim(s.ids, token[:, None], s.t, axis=1)
+    return GreedyState(s.t + 1, ids, s.done | (token == eos_id), cache, rng)
 
-  def body(state: tuple) -> tuple:
-    t, prev, done, out, cache = state
-    logits, cache = logits_fn(prev, cache)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    token = jnp.where(t + 1 >= max_lens, eos_id, token)  # length limit reached: close the row
-    token = jnp.where(done, pad_id, token)
-    out = out.at[:, t].set(token)
-    return t + 1, token, done | (token == eos_id), out, cache
-
-  return jax.lax.while_loop(cond, body, state)[3]
+  final = decode_loop(step, lambda s: jnp.all(s.done), state, max_len, chunk)
+  return final.ids[:, :max_len]
 
 
-def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
-                     bos_id: int, eos_id: int, pad_id: int, max_extra_len: int = 50) -> jax.Array:
-  """Greedy translation of a padded batch: src [B, S] -> [B, S + max_extra_len] ids.
-
-  Each row may produce up to its source length + `max_extra_len` tokens (§6.1).
-  """
-  model = Transformer(cfg)
-  variables = {'params': params}
-  max_len = src.shape[1] + max_extra_len
-  memory = model.apply(variables, src, src_segments, method=Transformer.encode)
-  cache = model.apply(variables, memory, src_segments, max_len, method=Transformer.init_cache)
-
-  def logits_fn(ids_t: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-    return model.apply(variables, ids_t, cache, method=Transformer.decode_step)
-
-  max_lens = jnp.sum(src_segments > 0, axis=1) + max_extra_len
-  return greedy_search(logits_fn, cache, max_lens, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                       max_len=max_len)
+def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.Array],
+          t: jax.Array) -> tuple[jax.Array, Optional[jax.Array]]:
+  """argmax, or a sample from softmax(logits / temperature) restricted to the top k."""
+  if temperature <= 0.0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), rng
+  if rng is None:
+    raise ValueError('sampling (temperature > 0) needs an rng')
+  logits = logits.astype(jnp.float32) / temperature
+  if top_k > 0:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  token = jax.random.categorical(jax.random.fold_in(rng, t), logits, axis=-1)
+  return token.astype(jnp.int32), rng

@@ -11,7 +11,7 @@ import numpy as np
 
 from transformer_nmt import data as data_lib
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.decoding import translate_greedy
+from transformer_nmt.inference import Translator
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.steps import eval_step
 from transformer_nmt.tokenizer import Tokenizer
@@ -25,20 +25,21 @@ class Evaluator:
   apply_fn: Callable[..., Any]
   label_smoothing: float
   tokenizer: Tokenizer  # target side
+  src_tokenizer: Tokenizer
   max_extra_len: int = 50
+
+  beam_size: int = 1  # greedy during training keeps evaluation cheap
 
   def __post_init__(self) -> None:
     self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=self.apply_fn,
                                                 label_smoothing=self.label_smoothing))
-    tok = self.tokenizer
-    self._translate = jax.jit(functools.partial(
-        translate_greedy, self.cfg, bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id,
-        max_extra_len=self.max_extra_len))
+    self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer,
+                                 beam_size=self.beam_size, max_extra_len=self.max_extra_len)
 
   def loss(self, params: Any, data: data_lib.ParallelData, tokens_per_batch: int) -> dict:
     """Token-mean smoothed loss, NLL, perplexity and accuracy over every example of `data`."""
     totals: dict[str, float] = {}
-    for plan in data_lib.plan_batches(data, tokens_per_batch):
+    for plan in data_lib.plan_batches(data.lengths, data.boundaries, tokens_per_batch):
       sums = jax.device_get(self._eval_step(params, data_lib.collate(data, plan)))
       for k, v in sums.items():
         totals[k] = totals.get(k, 0.0) + float(v)
@@ -49,15 +50,10 @@ class Evaluator:
 
   def translate(self, params: Any, data: data_lib.ParallelData,
                 tokens_per_batch: int) -> list[str]:
-    """Greedy translations of every example, in the order of `data` (not of the batches)."""
-    out: list[str] = [''] * len(data)
-    for plan in data_lib.plan_batches(data, tokens_per_batch):
-      batch = data_lib.collate(data, plan)
-      ids = np.asarray(self._translate(params, batch['src'], batch['src_segments']))
-      texts = self.tokenizer.decode(ids[:len(plan.examples)].tolist())
-      for example, text in zip(plan.examples, texts):
-        out[example] = text
-    return out
+    """Translations of every example, in the order of `data`."""
+    self.translator.tokens_per_batch = tokens_per_batch
+    outputs = self.translator.translate_ids(params, data.src)
+    return self.tokenizer.decode([o.tolist() for o in outputs])
 
   def bleu(self, params: Any, data: data_lib.ParallelData, references: Sequence[str],
            tokens_per_batch: int) -> tuple[float, list[str], str]:

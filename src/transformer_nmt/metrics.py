@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import pathlib
 from typing import Mapping, Sequence
 
 import sacrebleu
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 
 class MetricWriter:
@@ -45,3 +47,27 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[f
   bleu = sacrebleu.metrics.BLEU()
   score = bleu.corpus_score(list(hypotheses), [list(references)])
   return score.score, str(bleu.get_signature())
+
+
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+  """sacreBLEU's chrF (character n-gram F-score): (score, signature)."""
+  chrf = sacrebleu.metrics.CHRF()
+  score = chrf.corpus_score(list(hypotheses), [list(references)])
+  return score.score, str(chrf.get_signature())
+
+
+def _split_compounds(line: str) -> str:
+  # tensor2tensor's get_ende_bleu.sh: "a-b" -> "a ##AT##-##AT## b" before multi-bleu.perl
+  return re.sub(r'(\S)-(\S)', r'\1 ##AT##-##AT## \2', line)
+
+
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """Paper-style tokenized BLEU: 13a-tokenised text with compound splitting, then BLEU on tokens.
+
+  This approximates the tokenizer.perl + compound-splitting recipe behind the paper's
+  numbers; it is not comparable with sacreBLEU and is reported under its own name.
+  """
+  tok = Tokenizer13a()
+  hyps = [_split_compounds(tok(h)) for h in hypotheses]
+  refs = [_split_compounds(tok(r)) for r in references]
+  return sacrebleu.metrics.BLEU(tokenize='none', force=True).corpus_score(hyps, [refs]).score

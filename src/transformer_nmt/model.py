@@ -203,13 +203,18 @@ class Transformer(nn.Module):
                         cross_k=tuple(k for k, _ in kvs), cross_v=tuple(v for _, v in kvs),
                         cross_mask=(src_segments > 0)[:, None, None, :])
 
-  def decode_step(self, ids_t: jax.Array, cache: DecoderCache) -> tuple[jax.Array, DecoderCache]:
-    """ids_t: [B] the previous token -> (logits [B, V] for the next one, advanced cache)."""
+  def decode_step(self, ids_t: jax.Array, cache: DecoderCache,
+                  memory: Optional[jax.Array] = None) -> tuple[jax.Array, DecoderCache]:
+    """ids_t: [B] the previous token -> (logits [B, V] for the next one, advanced cache).
+
+    With `memory` ([B, S, D]) the cross-attention K/V are recomputed from it at every step
+    instead of read from the cache (only for measuring what reusing them saves).
+    """
     positions = jnp.broadcast_to(cache.index, (ids_t.shape[0], 1))
     y = self._embed(self.tgt_embed, ids_t[:, None], positions, True)  # [B, 1, D]
     new_caches = []
-    for layer, kv, k, v in zip(self.decoder_layers, cache.self_attention, cache.cross_k,
-                               cache.cross_v):
+    for i, (layer, kv) in enumerate(zip(self.decoder_layers, cache.self_attention)):
+      k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.cross_kv(memory)
       y, kv = layer.step(y, kv, k, v, cache.cross_mask)
       new_caches.append(kv)
     logits = self._logits(y)[:, 0]

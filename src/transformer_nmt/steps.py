@@ -52,7 +52,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothi
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  metrics = dict(sums, grad_norm=optax.global_norm(grads))
+  metrics = dict(sums, grad_norm=optax.tree.norm(grads))
   if learning_rate_fn is not None:
     metrics['learning_rate'] = learning_rate_fn(state.step)
   return state.apply_gradients(grads=grads), metrics

@@ -83,7 +83,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
   evaluator = Evaluator(model_cfg, _apply_fn(model_cfg), config.train.label_smoothing, tgt_tok,
-                        config.eval.max_extra_len)
+                        src_tok, config.eval.max_extra_len)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator)
 

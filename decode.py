@@ -1,0 +1,112 @@
+"""Translate with a trained workdir: python decode.py --workdir DIR --input FILE --output FILE
+
+Reads FILE (or stdin), writes one line per input line (empty lines stay empty), and with
+--reference prints sacreBLEU with its signature and chrF.
+"""
+
+import sys
+import time
+
+from absl import app, flags
+
+from transformer_nmt.errors import UserError
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
+_CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
+_AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: '
+                                'base 5, big 20).')
+_INPUT = flags.DEFINE_string('input', '-', 'Source text, one sentence per line; - for stdin.')
+_OUTPUT = flags.DEFINE_string('output', '-', 'Where translations go; - for stdout.')
+_REFERENCE = flags.DEFINE_string('reference', None, 'Reference translations for scoring.')
+_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size (1 = greedy); paper: 4.')
+_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent; paper: 0.6.')
+_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
+_MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
+_TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
+_PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
+_PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
+
+
+def _read(path: str) -> list[str]:
+  from transformer_nmt import data as data_lib
+  if path == '-':
+    return data_lib.split_lines(sys.stdin.buffer.read(), '<stdin>')
+  return data_lib.read_lines(path)
+
+
+def _write(path: str, lines: list[str]) -> None:
+  text = ''.join(line + '\n' for line in lines)
+  if path == '-':
+    sys.stdout.write(text)
+    return
+  import os
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)  # never a half-written output file
+
+
+class _Progress:
+  """Prints 'translated n/N' to stderr about every 10% of a file."""
+
+  def __init__(self, total: int, enabled: bool):
+    self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.time()
+    self.next = max(1, total // 10)
+
+  def __call__(self, n: int) -> None:
+    self.done += n
+    if self.enabled and self.done >= self.next:
+      rate = self.done / max(time.time() - self.t0, 1e-9)
+      print(f'translated {self.done}/{self.total} sentences ({rate:.1f}/s)', file=sys.stderr)
+      self.next += max(1, self.total // 10)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  try:
+    run()
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+def run() -> None:
+  from transformer_nmt import metrics
+  from transformer_nmt.errors import DataError
+  from transformer_nmt.inference import Translator, load_workdir
+  lines = _read(_INPUT.value)
+  refs = _read(_REFERENCE.value) if _REFERENCE.value else None
+  if refs is not None and len(refs) != len(lines):
+    raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(lines)}')
+  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _MAX_EXTRA.value < 0:
+    raise DataError('--beam_size and --batch_tokens must be positive, --max_extra_len >= 0')
+  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value)
+  print(f'checkpoint step(s) {model.steps}, beam {_BEAM.value}, alpha {_ALPHA.value}',
+        file=sys.stderr)
+  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value,
+                          alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA.value,
+                          tokens_per_batch=_BATCH_TOKENS.value)
+  t0 = time.time()
+  hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
+  seconds = time.time() - t0
+  _write(_OUTPUT.value, hyps)
+  tokens = sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
+  print(f'{len(lines)} sentences in {seconds:.1f} s (compilation included): '
+        f'{len(lines) / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
+        file=sys.stderr)
+  if refs is not None:
+    bleu, signature = metrics.corpus_bleu(hyps, refs)
+    chrf, chrf_signature = metrics.corpus_chrf(hyps, refs)
+    print(f'sacreBLEU {bleu:.2f}  {signature}\nchrF {chrf:.2f}  {chrf_signature}')
+    if _TOKENIZED.value:
+      print(f'tokenized BLEU (paper-style: 13a tokens + compound splitting; not sacreBLEU) '
+            f'{metrics.tokenized_bleu(hyps, refs):.2f}')
+  if _PLOT.value:
+    from transformer_nmt.plots import plot_cross_attention
+    for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
+      print(f'wrote {path}', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,134 @@
+"""Beam search as the paper used it (§6.1): beam 4, GNMT length penalty with alpha 0.6.
+
+Finished hypotheses are kept while live beams go on; a row stops once no live beam can beat
+its best finished hypothesis. The search is pure and jittable and runs on the chunked scan of
+`decoding.decode_loop`. Dimension legend: B batch, K beam, L output length, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_nmt.decoding import LogitsFn, decode_loop, padded_length
+
+NEG_INF = -1.0e9  # finite, so that sums and comparisons of "impossible" scores stay well-defined
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016); scores are logP / lp."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def tile_beams(tree: Any, beam_size: int) -> Any:
+  """Repeats every batched leaf [B, ...] -> [B*K, ...] (scalars such as cache indices stay)."""
+  return jax.tree_util.tree_map(
+      lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, tree)
+
+
+def gather_beams(tree: Any, beam_idx: jax.Array) -> Any:
+  """Reorders beams: every batched leaf [B*K, ...] by beam_idx [B, K] (scalars stay)."""
+  batch, k = beam_idx.shape
+
+  def gather(x: jax.Array) -> jax.Array:
+    if not x.ndim:
+      return x
+    xs = x.reshape((batch, k) + x.shape[1:])  # [B, K, ...]
+    idx = beam_idx.reshape((batch, k) + (1,) * (xs.ndim - 2))
+    return jnp.take_along_axis(xs, idx, axis=1).reshape(x.shape)
+  return jax.tree_util.tree_map(gather, tree)
+
+
+@flax.struct.dataclass
+class BeamState:
+  """t: [] steps taken. seqs: [B, K, L] token ids; logprobs: [B, K] log P of live beams;
+  finished: [B, K, L]; scores: [B, K] length-normalised finished scores (NEG_INF: empty);
+  cache: decoder cache with leaves [B*K, ...]."""
+
+  t: jax.Array
+  seqs: jax.Array
+  logprobs: jax.Array
+  finished: jax.Array
+  scores: jax.Array
+  cache: Any
+
+
+def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int) -> BeamState:
+  """Only beam 0 is live at first, so the first step does not pick K copies of one token."""
+  logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1)), (batch, 1))
+  seqs = jnp.full((batch, beam_size, length), pad_id, jnp.int32)
+  return BeamState(jnp.int32(0), seqs, logprobs, seqs, jnp.full((batch, beam_size), NEG_INF),
+                   tile_beams(cache, beam_size))
+
+
+def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
+         eos_id: int) -> BeamState:
+  """Extends every live beam by one token, keeping the top K live and top K finished."""
+  batch, k, _ = s.seqs.shape
+  prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
+  logits, cache = logits_fn(prev.reshape(-1), s.cache)  # [B*K, V]
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)  # [B, K, V]
+  at_limit = (s.t + 1 >= max_lens)[:, None, None]  # force EOS at each row's length limit
+  logp = jnp.where(at_limit & (jnp.arange(logp.shape[-1]) != eos_id), NEG_INF, logp)
+  total = (s.logprobs[:, :, None] + logp).reshape(batch, -1)  # [B, K*V]
+  cand_logp, cand = jax.lax.top_k(total, 2 * k)  # 2K: K finishing beams cannot starve the live
+  beam, token = cand // logp.shape[-1], (cand % logp.shape[-1]).astype(jnp.int32)  # [B, 2K]
+  seqs = jnp.take_along_axis(s.seqs, beam[:, :, None], axis=1)
+  seqs = jax.lax.dynamic_update_slice_in_dim(seqs, token[:, :, None], s.t, axis=2)  # [B, 2K, L]
+  is_eos = token == eos_id
+  possible = cand_logp > NEG_INF / 2  # extensions of empty beams are no hypotheses
+  live_logp, live = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)  # [B, K]
+  new_scores = jnp.where(is_eos & possible, cand_logp / length_penalty(s.t + 1, alpha), NEG_INF)
+  scores, keep = jax.lax.top_k(jnp.concatenate([s.scores, new_scores], axis=1), k)
+  finished = jnp.take_along_axis(jnp.concatenate([s.finished, seqs], axis=1),
+                                 keep[:, :, None], axis=1)
+  return BeamState(t=s.t + 1, seqs=jnp.take_along_axis(seqs, live[:, :, None], axis=1),
+                   logprobs=live_logp, finished=finished, scores=scores,
+                   cache=gather_beams(cache, jnp.take_along_axis(beam, live, axis=1)))
+
+
+def is_done(s: BeamState, max_lens: jax.Array, alpha: float) -> jax.Array:
+  """True when, in every row, the best finished score beats the best any live beam can reach.
+
+  log P only falls as a beam grows, and lp grows with length, so a live beam's best possible
+  score is its log P divided by the penalty at the row's length limit.
+  """
+  best_possible = s.logprobs[:, 0] / length_penalty(max_lens, alpha)
+  return jnp.all((s.scores[:, 0] >= best_possible) | (s.logprobs[:, 0] <= NEG_INF / 2))
+
+
+def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
+  """Best finished hypothesis per row (falls back to the best live one): ids [B, L], score [B]."""
+  has_finished = s.scores[:, 0] > NEG_INF / 2
+  ids = jnp.where(has_finished[:, None], s.finished[:, 0], s.seqs[:, 0])
+  return ids, jnp.where(has_finished, s.scores[:, 0], s.logprobs[:, 0])
+
+
+def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
+                alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
+                chunk: int = 8) -> tuple[jax.Array, jax.Array]:
+  """Beam search over `logits_fn` (the cache is tiled to K beams here).
+
+  Args:
+    logits_fn: one decoder step, [N] previous ids -> [N, V] logits (N = B*K).
+    cache: the decoder cache for B rows, sized for `padded_length(max_len, chunk)` steps.
+    max_lens: [B] per-row output limit in tokens (source length + 50 in the paper).
+    beam_size, alpha: K and the length-penalty exponent (paper: 4 and 0.6).
+    bos_id, eos_id, pad_id: special ids from the tokenizer.
+    max_len: static output length L; chunk: steps per scan between stopping checks.
+
+  Returns:
+    ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
+  """
+  batch = max_lens.shape[0]
+  state = init_state(cache, batch, beam_size, padded_length(max_len, chunk), pad_id)
+  final = decode_loop(
+      lambda s: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id, eos_id=eos_id),
+      lambda s: is_done(s, max_lens, alpha), state, max_len, chunk)
+  ids, scores = finalize(final)
+  ids = ids[:, :max_len]
+  after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0
+  return jnp.where(after_eos, pad_id, ids), scores

@@ -1,0 +1,87 @@
+"""Translate padded source batches with a Transformer: greedy or beam search.
+
+`cache_mode` picks how the decoder step is computed (the last two only for benchmarks):
+  'cached'        self-attention KV cache, cross-attention K/V computed once per batch;
+  'no_cross_reuse' self-attention KV cache, cross-attention K/V recomputed every step;
+  'uncached'      the whole target prefix re-run through the decoder every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_nmt.beam_search import beam_search
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding import LogitsFn, greedy_search, padded_length
+from transformer_nmt.model import Transformer
+
+CACHE_MODES = ('cached', 'no_cross_reuse', 'uncached')
+
+
+@flax.struct.dataclass
+class PrefixState:
+  """For 'uncached' decoding: encoder output and the target prefix so far ([B, L] ids)."""
+
+  memory: jax.Array
+  src_segments: jax.Array
+  prefix: jax.Array
+  t: jax.Array
+
+
+def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segments: jax.Array,
+             length: int, cache_mode: str) -> tuple[LogitsFn, Any]:
+  """(logits_fn, initial cache) for one decoder variant; the cache holds `length` positions."""
+  if cache_mode == 'uncached':
+    prefix = jnp.zeros((memory.shape[0], length), jnp.int32)
+    state = PrefixState(memory, src_segments, prefix, jnp.zeros((), jnp.int32))
+
+    def recompute(ids_t: jax.Array, s: PrefixState) -> tuple[jax.Array, PrefixState]:
+      prefix = jax.lax.dynamic_update_slice_in_dim(s.prefix, ids_t[:, None], s.t, axis=1)
+      logits = model.apply(variables, s.memory, prefix, s.src_segments,
+                           method=Transformer.decode)  # [B, L, V], causal: the rest is unused
+      return jax.lax.dynamic_index_in_dim(logits, s.t, axis=1, keepdims=False), s.replace(
+          prefix=prefix, t=s.t + 1)
+    return recompute, state
+
+  cache = model.apply(variables, memory, src_segments, length, method=Transformer.init_cache)
+  if cache_mode == 'cached':
+    return (lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)), cache
+
+  def no_reuse(ids_t: jax.Array, c: tuple) -> tuple[jax.Array, tuple]:
+    logits, dec = model.apply(variables, ids_t, c[0], c[1], method=Transformer.decode_step)
+    return logits, (dec, c[1])
+  return no_reuse, (cache, memory)
+
+
+def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
+              bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4, alpha: float = 0.6,
+              max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached') -> jax.Array:
+  """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len].
+
+  Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
+  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`) or greedily.
+  Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
+  """
+  if cache_mode not in CACHE_MODES:
+    raise ValueError(f'cache_mode={cache_mode!r}; expected one of {CACHE_MODES}')
+  model, variables = Transformer(cfg), {'params': params}
+  max_len = src.shape[1] + max_extra_len
+  memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
+  logits_fn, cache = _decoder(model, variables, memory, src_segments,
+                              padded_length(max_len, chunk), cache_mode)
+  max_lens = jnp.sum(src_segments > 0, axis=1) + max_extra_len
+  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len, chunk=chunk)
+  if beam_size > 1:
+    return beam_search(logits_fn, cache, max_lens, beam_size=beam_size, alpha=alpha, **ids)[0]
+  return greedy_search(logits_fn, cache, max_lens, **ids)
+
+
+def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
+                     bos_id: int, eos_id: int, pad_id: int, max_extra_len: int = 50) -> jax.Array:
+  """Greedy translation with the cached decoder: src [B, S] -> ids [B, S + max_extra_len]."""
+  return translate(cfg, params, src, src_segments, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                   beam_size=1, max_extra_len=max_extra_len)

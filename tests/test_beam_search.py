@@ -1,0 +1,118 @@
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_nmt import ModelConfig, beam_search, greedy_search, init_params, length_penalty
+from transformer_nmt.translate import CACHE_MODES, translate
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def table_logits_fn(table: np.ndarray):
+  """A Markov 'model': the next-token log-probabilities depend only on the previous token."""
+  table = jnp.asarray(table)
+
+  def logits_fn(ids, cache):
+    return table[ids], cache
+  return logits_fn
+
+
+def random_table(seed: int, vocab: int = 5) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(scale=2.0, size=(vocab, vocab))
+  logits[:, [PAD, BOS]] = -1e9  # never produced
+  return np.asarray(jax.nn.log_softmax(jnp.asarray(logits)))
+
+
+def brute_force_best(table: np.ndarray, max_len: int, alpha: float) -> list[int]:
+  """Enumerates every output (tokens then EOS, EOS forced at max_len) and scores it."""
+  vocab = table.shape[0]
+  best, best_score = None, -np.inf
+  for n in range(max_len):  # n tokens before EOS
+    for body in itertools.product(range(3, vocab), repeat=n):
+      seq = list(body) + [EOS]
+      prev, logp = BOS, 0.0
+      for tok in seq:
+        logp += table[prev, tok]
+        prev = tok
+      score = logp / float(length_penalty(len(seq), alpha))
+      if score > best_score:
+        best, best_score = seq, score
+  return best
+
+
+def _search(table, max_len, alpha, beam, chunk=8):
+  ids, _ = beam_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([max_len]),
+                       beam_size=beam, alpha=alpha, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                       max_len=max_len, chunk=chunk)
+  row = np.asarray(ids)[0].tolist()
+  return row[:row.index(EOS) + 1]
+
+
+@pytest.mark.parametrize('seed', range(6))
+@pytest.mark.parametrize('alpha', [0.0, 0.6])
+def test_beam_search_finds_brute_force_best(seed, alpha):
+  table = random_table(seed)
+  assert _search(table, 5, alpha, beam=4) == brute_force_best(table, 5, alpha)
+
+
+def test_beam_beats_greedy_on_a_garden_path_table():
+  table = np.full((6, 6), -1e9)
+  # From BOS: token 3 looks best (0.6) but leads to a flat distribution; 4 (0.4) leads to EOS.
+  table[BOS, 3], table[BOS, 4] = np.log(0.6), np.log(0.4)
+  table[3, 3:6] = np.log(1 / 3)
+  table[3, EOS] = -1e9
+  table[4, EOS] = 0.0
+  table[5, EOS] = 0.0
+  greedy = greedy_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([4]), bos_id=BOS,
+                         eos_id=EOS, pad_id=PAD, max_len=4)
+  assert np.asarray(greedy)[0, 0] == 3
+  assert _search(table, 4, 0.0, beam=2) == [4, EOS] == brute_force_best(table, 4, 0.0)
+
+
+def test_length_penalty_formula():
+  for length in (1, 5, 17):
+    assert float(length_penalty(length, 0.6)) == pytest.approx(((5 + length) / 6) ** 0.6)
+  assert float(length_penalty(9, 0.0)) == 1.0
+
+
+def test_early_stopping_matches_full_length_scan():
+  for seed in range(4):
+    table = random_table(seed, vocab=7)
+    assert _search(table, 9, 0.6, beam=4, chunk=1) == _search(table, 9, 0.6, beam=4, chunk=64)
+
+
+@pytest.fixture(scope='module')
+def model():
+  cfg = ModelConfig(vocab_size=30, num_layers=2, d_model=32, d_ff=64, num_heads=4)
+  src = jnp.array([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+  return cfg, init_params(cfg, jax.random.key(0)), src, (src > 0).astype(jnp.int32)
+
+
+def test_beam_1_equals_greedy(model):
+  cfg, params, src, seg = model
+  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
+  greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
+  from transformer_nmt.translate import _decoder
+  from transformer_nmt.model import Transformer
+  m = Transformer(cfg)
+  memory = m.apply({'params': params}, src, seg, method=Transformer.encode)
+  logits_fn, cache = _decoder(m, {'params': params}, memory, seg, 16, 'cached')
+  beam1, _ = beam_search(logits_fn, cache, seg.sum(1) + 6, beam_size=1, alpha=0.6, bos_id=BOS,
+                         eos_id=3, pad_id=PAD, max_len=11)
+  np.testing.assert_array_equal(beam1, greedy)
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_cache_modes_agree(model, beam_size):
+  cfg, params, src, seg = model
+  outs = [np.asarray(translate(cfg, params, src, seg, bos_id=BOS, eos_id=3, pad_id=PAD,
+                               beam_size=beam_size, max_extra_len=6, cache_mode=mode))
+          for mode in CACHE_MODES]
+  for out in outs[1:]:
+    np.testing.assert_array_equal(out, outs[0])
+  assert outs[0].shape == (2, 11)
+  assert (outs[0][1, 3 + 6:] == PAD).all()  # row 2: limit = its 3 real tokens + 6

@@ -1,0 +1,122 @@
+"""decode.py and the inference pieces under it, on a workdir trained with the tiny config."""
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from transformer_nmt.errors import DataError
+from transformer_nmt.inference import Translator, average_params, load_workdir
+from transformer_nmt.tokenizer import train_tokenizer
+
+
+def run_decode(*flags: str, stdin: str = '') -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'decode.py', *flags], cwd=ROOT, input=stdin,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope='module')
+def loaded(tiny_workdir):
+  return load_workdir(tiny_workdir)
+
+
+@pytest.fixture(scope='module')
+def test_lines(tiny_workdir):
+  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()
+
+
+def test_loads_latest_and_averages(tiny_workdir, loaded):
+  assert loaded.steps == [20]
+  both = load_workdir(tiny_workdir, average_last=2)
+  assert both.steps == [10, 20]
+  ten = load_workdir(tiny_workdir, checkpoint=10)
+  table = lambda m: m.params['tgt_embed']['embedding']
+  np.testing.assert_allclose(table(both), (table(ten) + table(loaded)) / 2, rtol=1e-6)
+
+
+def test_average_params_is_the_elementwise_mean():
+  trees = [{'w': np.full((2,), float(i))} for i in range(4)]
+  np.testing.assert_allclose(average_params(trees)['w'], [1.5, 1.5])
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size):
+  lines = test_lines[:12]
+  def run(tokens, order):
+    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, beam_size=beam_size,
+                            max_extra_len=5, tokens_per_batch=tokens)
+    out = translator.translate_lines(loaded.params, [lines[i] for i in order])
+    return [out[order.index(i)] for i in range(len(lines))]
+  forward = list(range(len(lines)))
+  reference = run(4096, forward)
+  assert run(24, forward) == reference  # many small batches
+  assert run(4096, forward[::-1]) == reference  # reversed input, order restored
+
+
+def test_empty_lines_survive(loaded, test_lines):
+  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, beam_size=2,
+                          max_extra_len=5)
+  out = translator.translate_lines(loaded.params, ['', test_lines[0], '', '', test_lines[1], ''])
+  assert len(out) == 6
+  assert out[0] == out[2] == out[3] == out[5] == ''
+
+
+def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
+  src = tmp_path / 'in.en'
+  lines = (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:6]
+  src.write_text('\n'.join(lines[:3] + [''] + lines[3:]) + '\n')
+  ref = tmp_path / 'ref.de'
+  refs = (tiny_workdir / 'demo_data' / 'test.de').read_text().splitlines()[:6]
+  ref.write_text('\n'.join(refs[:3] + [''] + refs[3:]) + '\n')
+  out = tmp_path / 'out.de'
+  result = run_decode('--workdir', str(tiny_workdir), '--input', str(src), '--output', str(out),
+                      '--reference', str(ref), '--beam_size', '2', '--average_last', '2',
+                      '--tokenized_bleu', '--plot_attention', str(tmp_path / 'plots'),
+                      '--plot_sentences', '2', '--max_extra_len', '5')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(out.read_text().splitlines()) == 7 and out.read_text().splitlines()[3] == ''
+  assert 'sacreBLEU' in result.stdout and 'nrefs:1|case:mixed' in result.stdout
+  assert 'chrF' in result.stdout and 'tokenized BLEU (paper-style' in result.stdout
+  assert 'sentences/s' in result.stderr and 'target tokens/s' in result.stderr
+  assert sorted(p.name for p in (tmp_path / 'plots').iterdir()) == ['attention_1.png',
+                                                                   'attention_2.png']
+
+
+def test_decode_cli_reads_stdin(tiny_workdir, test_lines):
+  result = run_decode('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4',
+                      stdin='\n'.join(test_lines[:2]) + '\n\n')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split('\n')[2] == '' and len(result.stdout.split('\n')) == 4
+
+
+def _clean_failure(result, message):
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert message in result.stderr and 'Traceback' not in result.stderr, result.stderr[-2000:]
+
+
+def test_decode_bad_input(tiny_workdir, tmp_path):
+  wd = str(tiny_workdir)
+  _clean_failure(run_decode('--workdir', str(tmp_path / 'nope')), 'is not a training workdir')
+  _clean_failure(run_decode('--workdir', wd, '--checkpoint', '7', stdin='x\n'),
+                 'no checkpoint at step 7; available: [10, 20]')
+  _clean_failure(run_decode('--workdir', wd, '--average_last', '9', stdin='x\n'),
+                 'keeps only 2 checkpoints')
+  (tmp_path / 'ref').write_text('a\nb\n')
+  _clean_failure(run_decode('--workdir', wd, '--reference', str(tmp_path / 'ref'), stdin='x\n'),
+                 'has 2 lines but the input has 1')
+  (tmp_path / 'bad.en').write_bytes(b'ok\n\xc3\x28 broken\n')
+  _clean_failure(run_decode('--workdir', wd, '--input', str(tmp_path / 'bad.en')),
+                 'bad.en:2: invalid UTF-8')
+
+
+def test_tokenizer_checkpoint_mismatch_is_refused(tiny_workdir, tmp_path):
+  copy = tmp_path / 'copy'
+  shutil.copytree(tiny_workdir, copy)
+  lines = (copy / 'demo_data' / 'train.en').read_text().splitlines()
+  train_tokenizer(lines, copy / 'spm.model', vocab_size=120, model_type='unigram')
+  with pytest.raises(DataError, match='do not belong together'):
+    load_workdir(copy)
+  _clean_failure(run_decode('--workdir', str(copy), stdin='x\n'), 'do not belong together')
