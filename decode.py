@@ -22,6 +22,10 @@ _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size (1 = greedy); paper: 4.'
 _ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent; paper: 0.6.')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 0.0, 'Sample with this temperature instead of '
+                                   'searching (research extra; 0 = off).')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'When sampling, only from the k likeliest tokens.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
 _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
@@ -79,14 +83,17 @@ def run() -> None:
   refs = _read(_REFERENCE.value) if _REFERENCE.value else None
   if refs is not None and len(refs) != len(lines):
     raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(lines)}')
-  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _MAX_EXTRA.value < 0:
-    raise DataError('--beam_size and --batch_tokens must be positive, --max_extra_len >= 0')
+  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _MAX_EXTRA.value < 0 or _TOP_K.value < 0:
+    raise DataError('--beam_size and --batch_tokens must be positive, --max_extra_len and '
+                    '--top_k non-negative')
   model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value)
-  print(f'checkpoint step(s) {model.steps}, beam {_BEAM.value}, alpha {_ALPHA.value}',
-        file=sys.stderr)
+  search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
+            if _TEMPERATURE.value > 0 else f'beam {_BEAM.value}, alpha {_ALPHA.value}')
+  print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value,
                           alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA.value,
-                          tokens_per_batch=_BATCH_TOKENS.value)
+                          tokens_per_batch=_BATCH_TOKENS.value, temperature=_TEMPERATURE.value,
+                          top_k=_TOP_K.value, seed=_SEED.value)
   t0 = time.time()
   hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
   seconds = time.time() - t0

@@ -116,3 +116,15 @@ def test_cache_modes_agree(model, beam_size):
     np.testing.assert_array_equal(out, outs[0])
   assert outs[0].shape == (2, 11)
   assert (outs[0][1, 3 + 6:] == PAD).all()  # row 2: limit = its 3 real tokens + 6
+
+
+def test_sampling_top_1_is_greedy_and_seeded_sampling_repeats(model):
+  cfg, params, src, seg = model
+  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
+  greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
+  top1 = translate(cfg, params, src, seg, temperature=1.0, top_k=1, rng=jax.random.key(5), **kw)
+  np.testing.assert_array_equal(top1, greedy)
+  a, b, c = (translate(cfg, params, src, seg, temperature=2.0, rng=jax.random.key(seed), **kw)
+             for seed in (1, 1, 2))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)  # near-uniform random model at temperature 2: seeds differ

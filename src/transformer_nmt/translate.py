@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import jax
@@ -59,11 +59,14 @@ def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segment
 
 def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
               bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4, alpha: float = 0.6,
-              max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached') -> jax.Array:
+              max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached',
+              temperature: float = 0.0, top_k: int = 0,
+              rng: Optional[jax.Array] = None) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len].
 
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
-  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`) or greedily.
+  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`), greedily, or, with
+  `temperature` > 0 and an `rng`, by sampling (optionally from the `top_k` tokens only).
   Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
   """
   if cache_mode not in CACHE_MODES:
@@ -75,6 +78,9 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
                               padded_length(max_len, chunk), cache_mode)
   max_lens = jnp.sum(src_segments > 0, axis=1) + max_extra_len
   ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len, chunk=chunk)
+  if temperature > 0.0:
+    return greedy_search(logits_fn, cache, max_lens, temperature=temperature, top_k=top_k,
+                         rng=rng, **ids)
   if beam_size > 1:
     return beam_search(logits_fn, cache, max_lens, beam_size=beam_size, alpha=alpha, **ids)[0]
   return greedy_search(logits_fn, cache, max_lens, **ids)
