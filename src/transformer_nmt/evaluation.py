@@ -26,6 +26,7 @@ class Evaluator:
   label_smoothing: float
   tokenizer: Tokenizer  # target side
   src_tokenizer: Tokenizer
+  tokens_per_batch: int = 4096
   max_extra_len: int = 50
 
   beam_size: int = 1  # greedy during training keeps evaluation cheap
@@ -34,12 +35,13 @@ class Evaluator:
     self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=self.apply_fn,
                                                 label_smoothing=self.label_smoothing))
     self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer,
-                                 beam_size=self.beam_size, max_extra_len=self.max_extra_len)
+                                 beam_size=self.beam_size, max_extra_len=self.max_extra_len,
+                                 tokens_per_batch=self.tokens_per_batch)
 
-  def loss(self, params: Any, data: data_lib.ParallelData, tokens_per_batch: int) -> dict:
+  def loss(self, params: Any, data: data_lib.ParallelData) -> dict:
     """Token-mean smoothed loss, NLL, perplexity and accuracy over every example of `data`."""
     totals: dict[str, float] = {}
-    for plan in data_lib.plan_batches(data.lengths, data.boundaries, tokens_per_batch):
+    for plan in data_lib.plan_batches(data.lengths, data.boundaries, self.tokens_per_batch):
       sums = jax.device_get(self._eval_step(params, data_lib.collate(data, plan)))
       for k, v in sums.items():
         totals[k] = totals.get(k, 0.0) + float(v)
@@ -48,17 +50,15 @@ class Evaluator:
             'perplexity': float(np.exp(totals.get('nll', 0.0) / n)),
             'accuracy': totals.get('correct', 0.0) / n}
 
-  def translate(self, params: Any, data: data_lib.ParallelData,
-                tokens_per_batch: int) -> list[str]:
+  def translate(self, params: Any, data: data_lib.ParallelData) -> list[str]:
     """Translations of every example, in the order of `data`."""
-    self.translator.tokens_per_batch = tokens_per_batch
     outputs = self.translator.translate_ids(params, data.src)
     return self.tokenizer.decode([o.tolist() for o in outputs])
 
-  def bleu(self, params: Any, data: data_lib.ParallelData, references: Sequence[str],
-           tokens_per_batch: int) -> tuple[float, list[str], str]:
-    """(sacreBLEU score, hypotheses, signature) of greedy translations against references."""
-    hyps = self.translate(params, data, tokens_per_batch)
+  def bleu(self, params: Any, data: data_lib.ParallelData,
+           references: Sequence[str]) -> tuple[float, list[str], str]:
+    """(sacreBLEU score, hypotheses, signature) of the translations against references."""
+    hyps = self.translate(params, data)
     refs = [references[i] for i in data.index]
     score, signature = corpus_bleu(hyps, refs)
     return score, hyps, signature

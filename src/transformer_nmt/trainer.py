@@ -22,7 +22,7 @@ from transformer_nmt.defaults import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.evaluation import Evaluator, subset
 from transformer_nmt.metrics import MetricWriter
-from transformer_nmt.model import count_params
+from transformer_nmt.model import Transformer, count_params
 from transformer_nmt.steps import train_step
 from transformer_nmt.train_state import create_train_state, learning_rate_fn
 
@@ -82,15 +82,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
     s = split.stats
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
-  evaluator = Evaluator(model_cfg, _apply_fn(model_cfg), config.train.label_smoothing, tgt_tok,
-                        src_tok, config.eval.max_extra_len)
+  evaluator = Evaluator(model_cfg, Transformer(model_cfg).apply, config.train.label_smoothing,
+                        tgt_tok, src_tok, config.eval.tokens_per_batch, config.eval.max_extra_len)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator)
-
-
-def _apply_fn(model_cfg: ModelConfig) -> Any:
-  from transformer_nmt.model import Transformer
-  return Transformer(model_cfg).apply
 
 
 def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
@@ -159,14 +154,14 @@ def _hms(seconds: float) -> str:
 def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, step: int,
              final: bool = False) -> dict:
   """Validation loss and greedy BLEU (and test BLEU when final), logged."""
-  ev, tokens = exp.evaluator, config.eval.tokens_per_batch
-  loss = ev.loss(params, exp.valid, tokens)
+  ev = exp.evaluator
+  loss = ev.loss(params, exp.valid)
   n = 0 if final else config.eval.bleu_sentences
-  bleu, _, signature = ev.bleu(params, subset(exp.valid, n), exp.valid_refs, tokens)
+  bleu, _, signature = ev.bleu(params, subset(exp.valid, n), exp.valid_refs)
   row = {'eval_loss': loss['loss'], 'eval_nll': loss['nll'], 'eval_perplexity': loss['perplexity'],
          'eval_accuracy': loss['accuracy'], 'eval_bleu': bleu}
   if final and exp.test is not None:
-    row['test_bleu'], _, _ = ev.bleu(params, exp.test, exp.test_refs, tokens)
+    row['test_bleu'], _, _ = ev.bleu(params, exp.test, exp.test_refs)
   logging.info('eval at step %d: %s  [%s]', step,
                ', '.join(f'{k} {v:.4g}' for k, v in row.items()), signature)
   return row
