@@ -128,3 +128,23 @@ def test_sampling_top_1_is_greedy_and_seeded_sampling_repeats(model):
              for seed in (1, 1, 2))
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)  # near-uniform random model at temperature 2: seeds differ
+
+
+@pytest.mark.parametrize('chunk', [1, 3, 8])
+def test_per_row_limits_and_chunking(chunk):
+  """Rows with different length limits in one batch give what each gives alone."""
+  table = np.array(random_table(11, vocab=6))
+  table[:, EOS] -= 3.0  # make EOS unlikely so limits matter
+  fn = table_logits_fn(table)
+  limits = jnp.array([2, 7])
+  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=7, chunk=chunk)
+  greedy = np.asarray(greedy_search(fn, jnp.zeros((2,)), limits, **kw))
+  beams, _ = beam_search(fn, jnp.zeros((2,)), limits, beam_size=3, alpha=0.6, **kw)
+  for row, limit in enumerate([2, 7]):
+    alone = np.asarray(greedy_search(fn, jnp.zeros((1,)), jnp.array([limit]), **kw))[0]
+    np.testing.assert_array_equal(greedy[row], alone)
+    assert list(greedy[row]).index(EOS) < limit
+    alone_beam, _ = beam_search(fn, jnp.zeros((1,)), jnp.array([limit]), beam_size=3, alpha=0.6,
+                                **kw)
+    np.testing.assert_array_equal(np.asarray(beams)[row], np.asarray(alone_beam)[0])
+  assert (np.asarray(beams)[0, 2:] == PAD).all()
