@@ -5,6 +5,7 @@ same workdir resumes from its latest checkpoint.
 """
 
 import logging
+import signal
 import sys
 
 from absl import app, flags
@@ -17,10 +18,15 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metr
                                required=True)
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+  raise KeyboardInterrupt  # preemption: the trainer checkpoints the last completed step
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   _quiet_logging()
+  signal.signal(signal.SIGTERM, _on_sigterm)
   from transformer_nmt import trainer  # after flag parsing: keeps --help fast
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

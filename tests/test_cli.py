@@ -2,8 +2,10 @@
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -85,9 +87,8 @@ def test_data_errors_fail_cleanly(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_saves_a_checkpoint_to_resume_from(tmp_path):
-  import signal
-  import time
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_saves_a_checkpoint_to_resume_from(tmp_path, signum):
   workdir = tmp_path / 'run'
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000',
@@ -97,7 +98,7 @@ def test_ctrl_c_saves_a_checkpoint_to_resume_from(tmp_path):
   for line in proc.stderr:  # wait until training is under way
     if 'step 10/' in line or time.time() > deadline:
       break
-  proc.send_signal(signal.SIGINT)
+  proc.send_signal(signum)
   rest = proc.communicate(timeout=120)[1]
   assert proc.returncode == 130, rest[-2000:]
   assert 'Traceback' not in rest

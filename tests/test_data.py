@@ -120,3 +120,11 @@ def test_unloadable_tokenizer_is_a_clear_error(tmp_path):
   bad.write_bytes(b'not a model')
   with pytest.raises(DataError, match='cannot load SentencePiece model'):
     Tokenizer(bad)
+
+
+def test_rows_are_a_multiple_of_the_device_count():
+  lengths = np.array([3, 5, 7, 9, 11] * 10)
+  for plan in data_lib.plan_batches(lengths, [6, 12], tokens_per_batch=100, row_multiple=8):
+    assert plan.rows % 8 == 0 and plan.rows >= 8
+  plans = data_lib.plan_batches(lengths, [6, 12], tokens_per_batch=100, row_multiple=8)
+  assert sorted(np.concatenate([p.examples for p in plans]).tolist()) == list(range(50))

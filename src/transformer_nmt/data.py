@@ -140,7 +140,8 @@ class BatchPlan:
 
 
 def plan_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batch: int,
-                 rng: Optional[np.random.Generator] = None) -> list[BatchPlan]:
+                 rng: Optional[np.random.Generator] = None,
+                 row_multiple: int = 1) -> list[BatchPlan]:
   """Groups examples by bucket into batches of about `tokens_per_batch` padded tokens per side.
 
   Args:
@@ -150,6 +151,8 @@ def plan_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batc
       and its last batch is filled up with empty rows so shapes stay fixed.
     rng: shuffles examples within buckets and batches across buckets; None keeps the order
       deterministic (evaluation).
+    row_multiple: rows per batch are rounded down to a multiple of this (at least one
+      multiple), so batches split evenly over devices.
   """
   bucket_of = np.searchsorted(np.asarray(boundaries), lengths)  # first boundary >= length
   plans = []
@@ -157,7 +160,7 @@ def plan_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batc
     members = np.flatnonzero(bucket_of == b)
     if rng is not None:
       members = rng.permutation(members)
-    rows = max(1, tokens_per_batch // length)
+    rows = max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
     plans += [BatchPlan(members[i:i + rows], rows, length) for i in range(0, len(members), rows)]
   if rng is not None:
     plans = [plans[i] for i in rng.permutation(len(plans))]
@@ -194,19 +197,20 @@ def padding_fraction(batch: Batch) -> float:
   return 1.0 - real / (batch['src'].size + batch['tgt_out'].size)
 
 
-def train_batches(data: ParallelData, tokens_per_batch: int, seed: int,
-                  start_step: int = 0) -> Iterator[Batch]:
+def train_batches(data: ParallelData, tokens_per_batch: int, seed: int, start_step: int = 0,
+                  row_multiple: int = 1) -> Iterator[Batch]:
   """Endless shuffled batches; batch k is the same whenever iteration starts at step k.
 
   Epoch e is planned with a generator seeded by (seed, e), so resuming at `start_step`
   reproduces exactly the batches an uninterrupted run would have seen.
   """
   lengths = data.lengths
-  epoch_size = len(plan_batches(lengths, data.boundaries, tokens_per_batch))
+  epoch_size = len(plan_batches(lengths, data.boundaries, tokens_per_batch,
+                                row_multiple=row_multiple))
   epoch, offset = divmod(start_step, epoch_size)
   while True:
     plans = plan_batches(lengths, data.boundaries, tokens_per_batch,
-                         np.random.default_rng([seed, epoch]))
+                         np.random.default_rng([seed, epoch]), row_multiple)
     for plan in plans[offset:]:
       yield collate(data, plan)
     epoch, offset = epoch + 1, 0

@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_nmt import corpus as corpus_lib
 from transformer_nmt import data as data_lib
+from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import ModelConfig, check_sections, model_config_from_dict
 from transformer_nmt.defaults import default_config
@@ -180,14 +181,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     state = ckpt.restore(state)
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=jax.process_index() == 0)
+  mesh = sharding.data_mesh()
+  if mesh.size > 1:
+    logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    _train_loop(exp, config, state, ckpt, writer, jax.random.fold_in(rng, 1))
+    _train_loop(exp, config, sharding.replicate(state, mesh), mesh, ckpt, writer,
+                jax.random.fold_in(rng, 1))
   finally:
     ckpt.close()
     writer.close()
 
 
-def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, mesh: Any,
                 ckpt: Checkpointer, writer: MetricWriter, dropout_rng: jax.Array) -> None:
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
   on Ctrl-C the last completed step is checkpointed before the interrupt propagates."""
@@ -195,13 +200,15 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
   start = int(state.step)
   step_fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
                                       learning_rate_fn=learning_rate_fn(exp.model_cfg, t)),
+                    out_shardings=sharding.replicated(mesh),
                     donate_argnums=0 if jax.default_backend() != 'cpu' else ())
   progress = Progress(t.num_steps, start, writer)
-  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start)
+  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start,
+                                   row_multiple=jax.local_device_count())
   try:
     for step in range(start + 1, t.num_steps + 1):
       batch = next(batches)
-      state, metrics = step_fn(state, batch, dropout_rng)
+      state, metrics = step_fn(state, sharding.shard_batch(batch, mesh), dropout_rng)
       metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
       progress.add(metrics, batch)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}

@@ -1,0 +1,64 @@
+"""Data parallelism over 8 simulated CPU devices (run in subprocesses: the device count is
+fixed when JAX starts)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+EIGHT_DEVICES = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+                     JAX_PLATFORMS='cpu')
+
+SAME_STEP_ON_1_AND_8_DEVICES = r'''
+import functools
+import jax, ml_collections, numpy as np
+from transformer_nmt import ModelConfig, create_train_state, sharding, train_step
+
+assert jax.device_count() == 8, jax.devices()
+cfg = ModelConfig(vocab_size=40, num_layers=1, d_model=32, d_ff=64, num_heads=4,
+                  residual_dropout=0.1, embedding_dropout=0.1, attention_dropout=0.1)
+train = ml_collections.ConfigDict(dict(warmup_steps=10, learning_rate_multiplier=1.0, adam_b1=0.9,
+                                       adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0))
+rng = np.random.default_rng(0)
+lengths = rng.integers(2, 9, size=16)
+segments = (np.arange(9)[None] < lengths[:, None]).astype(np.int32)
+ids = np.where(segments > 0, rng.integers(4, 40, size=(16, 9)), 0).astype(np.int32)
+positions = np.broadcast_to(np.arange(9), (16, 9)).astype(np.int32)
+batch = dict(src=ids, src_segments=segments, src_positions=positions, tgt_in=ids,
+             tgt_out=ids, tgt_segments=segments, tgt_positions=positions)
+params = []
+for devices in (jax.devices()[:1], jax.devices()):
+  mesh = sharding.data_mesh(devices)
+  step = jax.jit(functools.partial(train_step, label_smoothing=0.1),
+                 out_shardings=sharding.replicated(mesh))
+  state = sharding.replicate(create_train_state(cfg, train, jax.random.key(0)), mesh)
+  for _ in range(2):
+    global_batch = sharding.shard_batch(batch, mesh)
+    state, metrics = step(state, global_batch, jax.random.key(1))
+  shards = len(global_batch['src'].addressable_shards)
+  print('devices', len(devices), 'shards', shards, 'loss', float(metrics['loss']))
+  params.append(jax.device_get(state.params))
+jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
+                       *params)
+print('SAME')
+'''
+
+
+def test_one_step_on_8_devices_equals_1_device():
+  result = subprocess.run([sys.executable, '-c', SAME_STEP_ON_1_AND_8_DEVICES], cwd=ROOT,
+                          env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'devices 8 shards 8' in result.stdout and 'SAME' in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_train_py_runs_data_parallel_on_8_devices(tmp_path):
+  result = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir',
+                           str(tmp_path / 'run'), '--config.train.num_steps=10'], cwd=ROOT,
+                          env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Data parallel over 8 devices' in result.stderr
+  assert 'step 10/10' in result.stderr and 'eval at step 10' in result.stderr
