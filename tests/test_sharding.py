@@ -62,3 +62,17 @@ def test_train_py_runs_data_parallel_on_8_devices(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Data parallel over 8 devices' in result.stderr
   assert 'step 10/10' in result.stderr and 'eval at step 10' in result.stderr
+  # A checkpoint written by 8 devices restores on 1: for decoding, and for resuming training.
+  single = dict(os.environ, JAX_PLATFORMS='cpu')
+  single.pop('XLA_FLAGS', None)
+  decoded = subprocess.run([sys.executable, 'decode.py', '--workdir', str(tmp_path / 'run'),
+                            '--beam_size', '2', '--max_extra_len', '4'], cwd=ROOT, env=single,
+                           input='I see two red apples.\n', capture_output=True, text=True,
+                           timeout=300)
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  assert 'sentences/s' in decoded.stderr
+  resumed = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py',
+                            '--workdir', str(tmp_path / 'run'), '--config.train.num_steps=12'],
+                           cwd=ROOT, env=single, capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'Resumed from checkpoint at step 10' in resumed.stderr

@@ -20,7 +20,8 @@ class Checkpointer:
   def __init__(self, directory: str | os.PathLike, keep: int = 5, read_only: bool = False):
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                            read_only=read_only)
-    self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+    self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                                          item_handlers=ocp.StandardCheckpointHandler())
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -42,8 +43,16 @@ class Checkpointer:
     return state.replace(**restored)
 
   def restore_params(self, step: int) -> Any:
-    """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed)."""
-    restored = self._manager.restore(step, args=ocp.args.StandardRestore())
+    """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed).
+
+    The target is built from the checkpoint's own metadata on one local device, so a
+    checkpoint written by any number of devices or hosts restores here.
+    """
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+        self._manager.item_metadata(step))
+    restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     return jax.tree_util.tree_map(np.asarray, restored['params'])
 
   def wait(self) -> None:
