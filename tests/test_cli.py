@@ -108,3 +108,32 @@ def test_interrupt_saves_a_checkpoint_to_resume_from(tmp_path, signum):
   again = run_train(workdir, f'--config.train.num_steps={saved[0] + 5}')
   assert again.returncode == 0, again.stderr[-2000:]
   assert f'Resumed from checkpoint at step {saved[0]}' in again.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path):
+  flags = ['--config.train.log_every=1', '--config.train.checkpoint_every=8',
+           '--config.train.eval_every=100000']
+  workdir = tmp_path / 'killed'
+  cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         '--config.train.num_steps=100000', *flags]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  for line in proc.stderr:
+    if 'step 19/' in line:  # past the checkpoint at step 8
+      break
+  proc.kill()  # SIGKILL: no chance to save anything
+  proc.wait(timeout=60)
+  saved = max(int(p.name) for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit())
+  assert 8 <= saved < 100000  # a save still in flight at the kill is not a checkpoint
+  end = f'--config.train.num_steps={saved + 8}'
+  resumed = run_train(workdir, end, *flags)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert f'Resumed from checkpoint at step {saved}' in resumed.stderr
+  straight = run_train(tmp_path / 'straight', end, *flags)
+  assert straight.returncode == 0, straight.stderr[-2000:]
+  expected = {r['step']: r['train_loss'] for r in metrics(tmp_path / 'straight')
+              if 'train_loss' in r}
+  after = [r for r in metrics(workdir) if 'train_loss' in r][-8:]
+  assert [r['step'] for r in after] == list(range(saved + 1, saved + 9))
+  for row in after:
+    assert row['train_loss'] == pytest.approx(expected[row['step']], rel=1e-6), row['step']
