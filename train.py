@@ -16,6 +16,12 @@ from transformer_nmt.errors import UserError
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics, tokenizer.',
                                required=True)
+_COORDINATOR = flags.DEFINE_string('coordinator_address', '', 'host:port of process 0, for '
+                                   'multi-process training (with --num_processes, --process_id).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', 1, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', 0, 'This process, 0..num_processes-1.')
+_AUTO_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Let JAX detect the processes '
+                                      '(TPU pods, SLURM, Open MPI).')
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -27,7 +33,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   _quiet_logging()
   signal.signal(signal.SIGTERM, _on_sigterm)
-  from transformer_nmt import trainer  # after flag parsing: keeps --help fast
+  from transformer_nmt import sharding, trainer  # after flag parsing: keeps --help fast
+  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                  _AUTO_DISTRIBUTED.value)
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except UserError as e:

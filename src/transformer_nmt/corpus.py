@@ -10,6 +10,7 @@ import shutil
 from typing import Any, Optional
 
 from transformer_nmt import data as data_lib
+from transformer_nmt import sharding
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
 
@@ -33,8 +34,12 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   """Reads the configured files (generating the demo corpus first for source='demo')."""
   if data_cfg.source == 'demo':
     from transformer_nmt import demo_data  # only the demo needs the generator
-    files = demo_data.write_demo_corpus(workdir / 'demo_data', *data_cfg.demo_sizes, seed=0)
-    paths = {split: tuple(str(p) for p in pair) for split, pair in files.items()}
+    if sharding.is_leader():  # one writer; the other processes read its files
+      demo_data.write_demo_corpus(workdir / 'demo_data', *data_cfg.demo_sizes, seed=0)
+    sharding.barrier('demo corpus written')
+    paths = {split: (str(workdir / 'demo_data' / f'{split}.en'),
+                     str(workdir / 'demo_data' / f'{split}.de'))
+             for split in ('train', 'valid', 'test')}
   elif data_cfg.source == 'text':
     paths = {split: _paths(data_cfg, split) for split in ('train', 'valid', 'test')}
     for split in ('train', 'valid'):
@@ -54,8 +59,14 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
   """(source, target) tokenizers: reused from the workdir, copied from data.spm_model, or trained.
 
   A joint vocabulary is one model trained on source and target text (paper §5.1); otherwise
-  each side gets its own model.
+  each side gets its own model. Only process 0 trains; the others load its files.
   """
+  leader = _tokenizers(data_cfg, corpus, workdir) if sharding.is_leader() else None
+  sharding.barrier('tokenizers written')
+  return leader or _tokenizers(data_cfg, corpus, workdir)
+
+
+def _tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_lines, tgt_lines, _ = corpus.train
   if data_cfg.joint_vocab:
     tok = _load_or_train(data_cfg, workdir / 'spm.model', src_lines + tgt_lines, data_cfg.spm_model)

@@ -40,3 +40,52 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
   split over the data axis. B_local must be a multiple of this process's device count."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's contiguous share of a global host batch's rows.
+
+  Every process plans the same global batches (same seed); each feeds only its slice to
+  `shard_batch`, so the global array equals the single-process batch.
+  """
+  count, index = jax.process_count(), jax.process_index()
+  if count == 1:
+    return batch
+  rows = next(iter(batch.values())).shape[0] // count
+  return {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()}
+
+
+def local_copy(tree: Any) -> Any:
+  """Host copy of a replicated pytree, readable in every process (e.g. for evaluation)."""
+  return jax.tree_util.tree_map(
+      lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process gets here (no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def is_leader() -> bool:
+  """Process 0 writes shared files (tokenizer, config, metrics) for everyone."""
+  return jax.process_index() == 0
+
+
+def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int,
+                           auto: bool = False) -> None:
+  """Starts multi-process JAX before any other JAX call.
+
+  With a coordinator address, the process count and id come from the arguments (a cluster
+  or localhost); with `auto`, JAX detects them (TPU pods, SLURM, Open MPI). CPU processes use
+  gloo collectives.
+  """
+  if not coordinator_address and not auto:
+    return
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if auto:
+    jax.distributed.initialize()
+  else:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)

@@ -75,7 +75,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
   model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
                                      src_vocab_size=src_tok.vocab_size)
-  _check_and_write_config(config, model_cfg, workdir)
+  if sharding.is_leader():
+    _check_and_write_config(config, model_cfg, workdir)
   splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, name == 'train')
             for name, lines in (('train', corpus.train), ('valid', corpus.valid),
                                 ('test', corpus.test)) if lines is not None}
@@ -127,7 +128,7 @@ class Progress:
     self.last_t = now
 
   def log(self, step: int) -> dict:
-    sums = jax.device_get(self.pending)
+    sums = sharding.local_copy(self.pending)  # the one host sync per logging interval
     tokens = sum(float(m['tokens']) for m in sums)
     real_src = sum(float(m.get('src_tokens', 0.0)) for m in sums)
     now = time.time()
@@ -204,18 +205,20 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, 
                     donate_argnums=0 if jax.default_backend() != 'cpu' else ())
   progress = Progress(t.num_steps, start, writer)
   batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start,
-                                   row_multiple=jax.local_device_count())
+                                   row_multiple=jax.device_count())
   try:
     for step in range(start + 1, t.num_steps + 1):
       batch = next(batches)
-      state, metrics = step_fn(state, sharding.shard_batch(batch, mesh), dropout_rng)
+      global_batch = sharding.shard_batch(sharding.process_rows(batch), mesh)
+      state, metrics = step_fn(state, global_batch, dropout_rng)
       metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
       progress.add(metrics, batch)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
         ckpt.save(step, state)
       if step % t.eval_every == 0 or step == t.num_steps:
-        row.update(evaluate(exp, state.params, config, step, final=step == t.num_steps))
+        row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
+                            final=step == t.num_steps))
         progress.skip_time()
       if row:
         writer.write(step, row)
@@ -225,4 +228,5 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, 
     raise
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
-    writer.write(start, evaluate(exp, state.params, config, start, final=True))
+    writer.write(start, evaluate(exp, sharding.local_copy(state.params), config, start,
+                                 final=True))
