@@ -33,6 +33,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   _quiet_logging()
   signal.signal(signal.SIGTERM, _on_sigterm)
+  if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
+    _fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
+  if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
+    _fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
   from transformer_nmt import sharding, trainer  # after flag parsing: keeps --help fast
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)

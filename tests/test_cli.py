@@ -137,3 +137,25 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path):
   assert [r['step'] for r in after] == list(range(saved + 1, saved + 9))
   for row in after:
     assert row['train_loss'] == pytest.approx(expected[row['step']], rel=1e-6), row['step']
+
+
+@pytest.mark.slow
+def test_workdir_refusals_and_corrupt_checkpoint_fallback(tmp_path):
+  workdir = tmp_path / 'run'
+  assert run_train(workdir).returncode == 0  # checkpoints at 10 and 20
+  other = run_train(workdir, '--config.model.d_model=48', '--config.model.num_heads=2')
+  _assert_clean_failure(other, 'holds checkpoints of a different model')
+  for blob in (workdir / 'checkpoints' / '20').rglob('*'):
+    if blob.is_file() and blob.parent.name == 'd':
+      blob.write_bytes(b'damaged')  # what a disk fault or a bad copy leaves
+  again = run_train(workdir, '--config.train.num_steps=25')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'Checkpoint at step 20 is unreadable' in again.stderr
+  assert 'Resumed from checkpoint at step 10' in again.stderr
+
+
+def test_bad_process_flags_fail_cleanly(tmp_path):
+  _assert_clean_failure(run_train(tmp_path / 'run', '--num_processes=2', '--process_id=2'),
+                        '--process_id=2 must be in [0, --num_processes=2)')
+  _assert_clean_failure(run_train(tmp_path / 'run', '--num_processes=2', '--process_id=1'),
+                        'needs --coordinator_address')

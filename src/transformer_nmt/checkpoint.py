@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from transformer_nmt.errors import DataError
 
 
 class Checkpointer:
@@ -34,6 +37,23 @@ class Checkpointer:
     if force and step in self._manager.all_steps():
       return
     self._manager.save(step, args=ocp.args.StandardSave(_payload(state)), force=force)
+
+  def restore_latest_readable(self, state: Any) -> Any:
+    """Restores the newest checkpoint that reads back, saying which ones it had to skip.
+
+    A checkpoint damaged after it was written (truncated or missing files) is skipped with a
+    warning in favour of the one before it; None when there is no checkpoint at all.
+    """
+    for step in reversed(self.all_steps()):
+      try:
+        return self.restore(state, step)
+      except Exception as e:  # Orbax and TensorStore raise many kinds for damaged files
+        logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying the previous one',
+                        step, type(e).__name__, str(e).splitlines()[0][:200])
+    if self.all_steps():
+      raise DataError(f'no readable checkpoint among steps {self.all_steps()}; move the '
+                      'checkpoints away to start afresh')
+    return None
 
   def restore(self, state: Any, step: Optional[int] = None) -> Any:
     """Restores into the structure (and shardings) of `state`; latest step by default."""

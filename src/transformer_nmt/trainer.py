@@ -178,8 +178,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
   logging.info('Model: %s parameters', f'{count_params(state.params):,}')
   ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
-  if ckpt.latest_step() is not None:
-    state = ckpt.restore(state)
+  restored = ckpt.restore_latest_readable(state)
+  if restored is not None:
+    state = restored
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=jax.process_index() == 0)
   mesh = sharding.data_mesh()
