@@ -56,9 +56,10 @@ def test_one_step_on_8_devices_equals_1_device():
 
 
 @pytest.mark.slow
-def test_train_py_runs_data_parallel_on_8_devices(tmp_path):
+def test_train_py_runs_data_parallel_on_8_devices_with_packing(tmp_path):
   result = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir',
-                           str(tmp_path / 'run'), '--config.train.num_steps=10'], cwd=ROOT,
+                           str(tmp_path / 'run'), '--config.train.num_steps=10',
+                           '--config.data.pack_length=48'], cwd=ROOT,
                           env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Data parallel over 8 devices' in result.stderr

@@ -197,20 +197,83 @@ def padding_fraction(batch: Batch) -> float:
   return 1.0 - real / (batch['src'].size + batch['tgt_out'].size)
 
 
+def pack_rows(data: ParallelData, order: Sequence[int], length: int) -> list[list[int]]:
+  """Greedily packs examples, in `order`, into rows of `length` tokens per side.
+
+  A row takes the next example while both its source and its target still fit; examples
+  longer than `length` are not packed (raise the length or lower data.max_len).
+  """
+  rows, current, used_src, used_tgt = [], [], 0, 0
+  for i in order:
+    s, t = len(data.src[i]), len(data.tgt[i])
+    if s > length or t > length:
+      raise ValueError(f'example {i} ({s}/{t} tokens) is longer than the packing length {length}')
+    if current and (used_src + s > length or used_tgt + t > length):
+      rows.append(current)
+      current, used_src, used_tgt = [], 0, 0
+    current.append(i)
+    used_src, used_tgt = used_src + s, used_tgt + t
+  if current:
+    rows.append(current)
+  return rows
+
+
+def collate_packed(data: ParallelData, rows: Sequence[Sequence[int]], num_rows: int,
+                   length: int) -> Batch:
+  """[num_rows, length] arrays; row r holds the examples rows[r] one after another, with
+  segment ids 1, 2, ... and positions restarting at 0 for each (empty rows are padding)."""
+  batch = {k: np.zeros((num_rows, length), np.int32) for k in
+           ('src', 'src_segments', 'src_positions', 'tgt_in', 'tgt_out', 'tgt_segments',
+            'tgt_positions')}
+  for key in ('src', 'tgt_in', 'tgt_out'):
+    batch[key].fill(data.pad_id)
+  for r, examples in enumerate(rows):
+    offsets = {'src': 0, 'tgt': 0}
+    for segment, i in enumerate(examples, start=1):
+      for side, ids in (('src', data.src[i]), ('tgt', data.tgt[i])):
+        o, n = offsets[side], len(ids)
+        batch['src' if side == 'src' else 'tgt_out'][r, o:o + n] = ids
+        if side == 'tgt':
+          batch['tgt_in'][r, o] = data.bos_id
+          batch['tgt_in'][r, o + 1:o + n] = ids[:-1]
+        batch[f'{side}_segments'][r, o:o + n] = segment
+        batch[f'{side}_positions'][r, o:o + n] = np.arange(n)
+        offsets[side] = o + n
+  return batch
+
+
+def _packed_epoch(data: ParallelData, seed: int, epoch: int, length: int,
+                  rows_per_batch: int) -> list[list[list[int]]]:
+  order = np.random.default_rng([seed, epoch]).permutation(len(data))
+  rows = pack_rows(data, order, length)
+  return [rows[i:i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)]
+
+
 def train_batches(data: ParallelData, tokens_per_batch: int, seed: int, start_step: int = 0,
-                  row_multiple: int = 1) -> Iterator[Batch]:
+                  row_multiple: int = 1, pack_length: int = 0) -> Iterator[Batch]:
   """Endless shuffled batches; batch k is the same whenever iteration starts at step k.
 
   Epoch e is planned with a generator seeded by (seed, e), so resuming at `start_step`
-  reproduces exactly the batches an uninterrupted run would have seen.
+  reproduces exactly the batches an uninterrupted run would have seen. With `pack_length`,
+  examples are packed into rows of that many tokens per side instead of length-bucketed.
   """
-  lengths = data.lengths
-  epoch_size = len(plan_batches(lengths, data.boundaries, tokens_per_batch,
-                                row_multiple=row_multiple))
-  epoch, offset = divmod(start_step, epoch_size)
+  if pack_length:
+    rows = max(row_multiple, tokens_per_batch // pack_length // row_multiple * row_multiple)
+    plan = lambda epoch: _packed_epoch(data, seed, epoch, pack_length, rows)
+    make = lambda batch_rows: collate_packed(data, batch_rows, rows, pack_length)
+  else:
+    lengths = data.lengths
+    plan = lambda epoch: plan_batches(lengths, data.boundaries, tokens_per_batch,
+                                      np.random.default_rng([seed, epoch]), row_multiple)
+    make = lambda batch_plan: collate(data, batch_plan)
+  epoch, offset = 0, start_step
+  plans = plan(epoch)
+  while offset >= len(plans):  # packed epochs differ in length: walk to start_step
+    offset -= len(plans)
+    epoch += 1
+    plans = plan(epoch)
   while True:
-    plans = plan_batches(lengths, data.boundaries, tokens_per_batch,
-                         np.random.default_rng([seed, epoch]), row_multiple)
-    for plan in plans[offset:]:
-      yield collate(data, plan)
+    for item in plans[offset:]:
+      yield make(item)
     epoch, offset = epoch + 1, 0
+    plans = plan(epoch)

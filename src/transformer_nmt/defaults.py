@@ -35,6 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
       max_len=256,  # longest pair kept, in subword tokens incl. EOS (longer ones are counted)
       tokens_per_batch=4096,  # padded tokens per side per batch (paper: ~25k, issue 4)
       bucket_boundaries=(),  # () = geometric buckets up to max_len
+      pack_length=0,  # > 0: pack pairs into rows of this many tokens per side, not buckets
   )
   c.train = dict(
       num_steps=100_000,  # paper base: 100k steps

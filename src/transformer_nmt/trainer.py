@@ -46,6 +46,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                       ('train.adam_b2', t.adam_b2)):
     if not 0.0 <= value < 1.0:
       raise ConfigError(f'{name}={value} must be in [0, 1)')
+  if d.pack_length and d.pack_length < d.max_len:
+    raise ConfigError(f'data.pack_length={d.pack_length} must be 0 (no packing) or at least '
+                      f'data.max_len={d.max_len}, so that every pair fits in a row')
   if not d.joint_vocab and config.model.share_embeddings:
     raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
                       'it needs model.share_embeddings=False')
@@ -206,7 +209,8 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, 
                     donate_argnums=0 if jax.default_backend() != 'cpu' else ())
   progress = Progress(t.num_steps, start, writer)
   batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start,
-                                   row_multiple=jax.device_count())
+                                   row_multiple=jax.device_count(),
+                                   pack_length=config.data.pack_length)
   try:
     for step in range(start + 1, t.num_steps + 1):
       batch = next(batches)
