@@ -179,16 +179,8 @@ def pad_rows(rows: Sequence[np.ndarray], plan: BatchPlan, pad_id: int) -> tuple[
 
 
 def collate(data: ParallelData, plan: BatchPlan) -> Batch:
-  """Pads the planned examples into the batch dict consumed by `steps.train_step`."""
-  batch = {}
-  batch['src'], batch['src_segments'], batch['src_positions'] = pad_rows(data.src, plan,
-                                                                         data.pad_id)
-  batch['tgt_out'], batch['tgt_segments'], batch['tgt_positions'] = pad_rows(data.tgt, plan,
-                                                                             data.pad_id)
-  tgt_in = np.roll(batch['tgt_out'], 1, axis=1)  # shift right: BOS, y_1, ..., y_{n-1}
-  tgt_in[:, 0] = data.bos_id
-  batch['tgt_in'] = np.where(batch['tgt_segments'] > 0, tgt_in, data.pad_id).astype(np.int32)
-  return batch
+  """Pads the planned examples, one per row, into the batch dict of `steps.train_step`."""
+  return collate_packed(data, [[i] for i in plan.examples], plan.rows, plan.length)
 
 
 def padding_fraction(batch: Batch) -> float:
