@@ -185,7 +185,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if restored is not None:
     state = restored
     logging.info('Resumed from checkpoint at step %d', int(state.step))
-  writer = MetricWriter(workdir_path, enabled=jax.process_index() == 0)
+  writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
   mesh = sharding.data_mesh()
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
