@@ -9,6 +9,7 @@ import time
 
 from absl import app, flags
 
+from transformer_nmt.cli import fail, quiet_logging
 from transformer_nmt.errors import UserError
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -68,11 +69,11 @@ class _Progress:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  quiet_logging()
   try:
     run()
   except UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+    fail(str(e))
 
 
 def run() -> None:

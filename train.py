@@ -4,13 +4,12 @@ Any config value can be overridden, e.g. --config.model.num_layers=2. A second r
 same workdir resumes from its latest checkpoint.
 """
 
-import logging
 import signal
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_nmt.cli import fail, quiet_logging
 from transformer_nmt.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
@@ -31,21 +30,21 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  _quiet_logging()
+  quiet_logging()
   signal.signal(signal.SIGTERM, _on_sigterm)
   if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
-    _fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
+    fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
   if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
-    _fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
+    fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
   from transformer_nmt import sharding, trainer  # after flag parsing: keeps --help fast
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
   try:
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except UserError as e:
-    _fail(str(e))
+    fail(str(e))
   except KeyboardInterrupt:
-    sys.exit(130)  # the trainer has saved a checkpoint; rerunning resumes from it
+    raise SystemExit(130)  # the trainer has saved a checkpoint; rerunning resumes from it
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -55,26 +54,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     _CONFIG.value.to_dict()  # config_flags loads lazily: surface a missing or broken file now
     return rest
   except flags.Error as e:
-    _fail(str(e))
+    fail(str(e))
   except (AttributeError, KeyError, TypeError, ValueError, SyntaxError, OSError) as e:
     # config_flags raises these for unknown keys, bad override values and broken config files
-    _fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
-  return []
-
-
-def _fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
-
-
-def _quiet_logging() -> None:
-  """Our progress lines as 'HH:MM:SS message'; library chatter (Orbax, absl) only from WARNING."""
-  from absl import logging as absl_logging
-  absl_logging.get_absl_handler().setFormatter(
-      logging.Formatter('%(asctime)s %(message)s', '%H:%M:%S'))
-  logging.getLogger().setLevel(logging.INFO)
-  logging.getLogger('absl').setLevel(logging.WARNING)
-  logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # 'no TPU' notice on CPU
+    fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
 
 
 if __name__ == '__main__':
