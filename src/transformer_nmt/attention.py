@@ -80,11 +80,6 @@ def padding_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
   return (same & real)[:, None]
 
 
-def segments_from_lengths(lengths: jax.Array, max_len: int) -> jax.Array:
-  """[B, L] segment ids (1 for the first `lengths[b]` positions, else 0)."""
-  return (jnp.arange(max_len)[None, :] < lengths[:, None]).astype(jnp.int32)
-
-
 @flax.struct.dataclass
 class KVCache:
   """Decoder self-attention keys/values written one position per step.

@@ -75,9 +75,6 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     return jax.tree_util.tree_map(np.asarray, restored['params'])
 
-  def wait(self) -> None:
-    self._manager.wait_until_finished()
-
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
