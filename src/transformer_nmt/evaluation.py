@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -13,6 +13,7 @@ from transformer_nmt import data as data_lib
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.inference import Translator
 from transformer_nmt.metrics import corpus_bleu
+from transformer_nmt.model import Transformer
 from transformer_nmt.steps import eval_step
 from transformer_nmt.tokenizer import Tokenizer
 
@@ -22,7 +23,6 @@ class Evaluator:
   """Jitted evaluation functions for one model config, compiled once per bucket shape."""
 
   cfg: ModelConfig
-  apply_fn: Callable[..., Any]
   label_smoothing: float
   tokenizer: Tokenizer  # target side
   src_tokenizer: Tokenizer
@@ -32,7 +32,7 @@ class Evaluator:
   beam_size: int = 1  # greedy during training keeps evaluation cheap
 
   def __post_init__(self) -> None:
-    self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=self.apply_fn,
+    self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=Transformer(self.cfg).apply,
                                                 label_smoothing=self.label_smoothing))
     self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer,
                                  beam_size=self.beam_size, max_extra_len=self.max_extra_len,

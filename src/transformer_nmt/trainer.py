@@ -23,7 +23,7 @@ from transformer_nmt.defaults import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.evaluation import Evaluator, subset
 from transformer_nmt.metrics import MetricWriter
-from transformer_nmt.model import Transformer, count_params
+from transformer_nmt.model import count_params
 from transformer_nmt.steps import train_step
 from transformer_nmt.train_state import create_train_state, learning_rate_fn
 
@@ -87,8 +87,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
     s = split.stats
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
-  evaluator = Evaluator(model_cfg, Transformer(model_cfg).apply, config.train.label_smoothing,
-                        tgt_tok, src_tok, config.eval.tokens_per_batch, config.eval.max_extra_len)
+  evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok,
+                        config.eval.tokens_per_batch, config.eval.max_extra_len)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator)
 
