@@ -14,6 +14,7 @@ from transformer_nmt.errors import UserError
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
+_BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
 _AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: '
                                 'base 5, big 20).')
 _INPUT = flags.DEFINE_string('input', '-', 'Source text, one sentence per line; - for stdin.')
@@ -87,7 +88,7 @@ def run() -> None:
   if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _MAX_EXTRA.value < 0 or _TOP_K.value < 0:
     raise DataError('--beam_size and --batch_tokens must be positive, --max_extra_len and '
                     '--top_k non-negative')
-  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value)
+  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
   search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
             if _TEMPERATURE.value > 0 else f'beam {_BEAM.value}, alpha {_ALPHA.value}')
   print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)

@@ -9,7 +9,7 @@ import signal
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_nmt.cli import fail, quiet_logging
+from transformer_nmt.cli import config_flag_parser, fail, quiet_logging
 from transformer_nmt.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
@@ -47,18 +47,5 @@ def main(argv: list[str]) -> None:
     raise SystemExit(130)  # the trainer has saved a checkpoint; rerunning resumes from it
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with bad flags, config files and config keys reported as one line."""
-  try:
-    rest = flags.FLAGS(argv)
-    _CONFIG.value.to_dict()  # config_flags loads lazily: surface a missing or broken file now
-    return rest
-  except flags.Error as e:
-    fail(str(e))
-  except (AttributeError, KeyError, TypeError, ValueError, SyntaxError, OSError) as e:
-    # config_flags raises these for unknown keys, bad override values and broken config files
-    fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=config_flag_parser(_CONFIG))

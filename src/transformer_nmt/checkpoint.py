@@ -20,9 +20,14 @@ class Checkpointer:
   interrupted save never looks like a checkpoint.
   """
 
-  def __init__(self, directory: str | os.PathLike, keep: int = 5, read_only: bool = False):
+  def __init__(self, directory: str | os.PathLike, keep: int = 5, read_only: bool = False,
+               best_metric: Optional[str] = None):
+    """With `best_metric`, the `keep` saves with the highest value of that metric are kept
+    (saves pass `metrics`), instead of the latest ones."""
+    best = dict(best_fn=lambda m: m[best_metric], best_mode='max',
+                keep_checkpoints_without_metrics=False) if best_metric else {}
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                           read_only=read_only)
+                                           read_only=read_only, **best)
     self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                           item_handlers=ocp.StandardCheckpointHandler())
 
@@ -32,11 +37,17 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def save(self, step: int, state: Any, force: bool = False) -> None:
+  def save(self, step: int, state: Any, force: bool = False,
+           metrics: Optional[dict[str, float]] = None) -> None:
     """Starts an asynchronous save of `state`; with `force`, also when `step` is already saved."""
     if force and step in self._manager.all_steps():
       return
-    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)), force=force)
+    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)), force=force,
+                       metrics=metrics)
+
+  def metrics(self, step: int) -> Optional[dict[str, float]]:
+    """The metrics saved with checkpoint `step` (None if it was saved without)."""
+    return self._manager.metrics(step)
 
   def restore_latest_readable(self, state: Any) -> Any:
     """Restores the newest checkpoint that reads back, saying which ones it had to skip.

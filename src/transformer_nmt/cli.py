@@ -1,8 +1,8 @@
-"""What train.py and decode.py share: quiet library logging and one-line errors."""
+"""What the command-line programs share: quiet library logging and one-line errors."""
 
 import logging
 import sys
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 
 def quiet_logging() -> None:
@@ -19,3 +19,24 @@ def fail(message: str) -> NoReturn:
   """A user mistake: one line on stderr, exit code 2, no traceback."""
   print(f'error: {message}', file=sys.stderr)
   sys.exit(2)
+
+
+def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
+  """An absl `flags_parser` that reports bad flags, config files and config keys in one line.
+
+  `config_flag` is the holder returned by `config_flags.DEFINE_config_file`.
+  """
+  from absl import flags
+
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      rest = flags.FLAGS(argv)
+      config_flag.value.to_dict()  # config_flags loads lazily: surface a broken file now
+      return rest
+    except flags.Error as e:  # a config file's own error comes with a traceback: keep its end
+      lines = str(e).strip().splitlines()
+      fail(lines[0].split(' Error whilst')[0] + ' ' + lines[-1] if len(lines) > 1 else str(e))
+    except (AttributeError, KeyError, TypeError, ValueError, SyntaxError, OSError) as e:
+      # config_flags raises these for unknown keys, bad override values and broken files
+      fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
+  return parse

@@ -26,6 +26,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.data = dict(
       source='text',  # 'text': the files below; 'demo': generate the built-in corpus
       train_src='', train_tgt='', valid_src='', valid_tgt='', test_src='', test_tgt='',
+      extra_test_src=(), extra_test_tgt=(),  # more test sets for recipe.py (parallel lists)
       demo_sizes=(40000, 500, 500),  # train/valid/test pairs for source='demo'
       spm_model='',  # existing SentencePiece model; '' trains one into the workdir
       joint_vocab=True,  # one SentencePiece model on source+target text
@@ -48,7 +49,8 @@ def default_config() -> ml_collections.ConfigDict:
       log_every=100,
       eval_every=1000,
       checkpoint_every=1000,
-      keep_checkpoints=5,
+      keep_checkpoints=5,  # the latest K checkpoints (workdir/checkpoints)
+      keep_best=True,  # also keep the one with the best eval_bleu (workdir/best)
   )
   c.eval = dict(
       bleu_sentences=500,  # validation sentences decoded for BLEU at each eval (0 = all)

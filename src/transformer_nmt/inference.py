@@ -32,8 +32,9 @@ class LoadedModel:
 
 
 def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
-                 average_last: int = 0) -> LoadedModel:
-  """Restores parameters from one checkpoint (latest by default) or the mean of the last N.
+                 average_last: int = 0, best: bool = False) -> LoadedModel:
+  """Restores parameters from one checkpoint (latest by default) or the mean of the last N;
+  with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead.
 
   The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
   """
@@ -44,7 +45,13 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   config = json.loads(config_path.read_text())
   cfg = ModelConfig(**config['resolved_model'])
   src_tok, tgt_tok = _tokenizers(workdir, cfg)
-  ckpt = Checkpointer(workdir / 'checkpoints', read_only=True)
+  if best and (checkpoint is not None or average_last):
+    raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
+  directory = workdir / ('best' if best else 'checkpoints')
+  if best and not directory.exists():
+    raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
+                    'evaluation has run yet)')
+  ckpt = Checkpointer(directory, read_only=True)
   steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
   params = average_params([ckpt.restore_params(step) for step in steps])
   ckpt.close()

@@ -33,9 +33,31 @@ class MetricWriter:
       self._tb.add_scalar(key, float(value), int(step))
     self._tb.flush()
 
+  def last(self, key: str, max_step: int) -> float:
+    """The latest value of `key` logged at or before `max_step` (0.0 if none)."""
+    rows = [r for r in read_metrics(self.path) if key in r and r['step'] <= max_step]
+    return rows[-1][key] if rows else 0.0
+
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+  """The rows of a metrics.jsonl in file order ([] if it does not exist).
+
+  A resumed run may log a step again; a line cut short by a crash is skipped.
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text(encoding='utf-8').splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

@@ -1,9 +1,9 @@
-"""Encoder-decoder attention heatmaps (PNG) for translated sentences."""
+"""PNG plots: learning curves from metrics.jsonl, encoder-decoder attention heatmaps."""
 
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,10 +29,7 @@ def cross_attention(model: Any, src_ids: Sequence[int], tgt_ids: Sequence[int]) 
 def plot_cross_attention(model: Any, lines: Sequence[str], hyps: Sequence[str],
                          out_dir: str | pathlib.Path, count: int = 3) -> list[pathlib.Path]:
   """Writes attention_<i>.png for the first `count` non-empty input lines; returns the paths."""
-  import matplotlib
-  matplotlib.use('Agg')  # files only, no display
-  import matplotlib.pyplot as plt
-
+  plt = _pyplot()
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = []
@@ -58,3 +55,49 @@ def plot_cross_attention(model: Any, lines: Sequence[str], hyps: Sequence[str],
     plt.close(fig)
     paths.append(path)
   return paths
+
+
+def _pyplot() -> Any:
+  import matplotlib
+  matplotlib.use('Agg')  # files only, no display
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def series(rows: Sequence[Mapping[str, float]], key: str) -> tuple[list[int], list[float]]:
+  """(steps, values) of `key`, sorted by step; a step logged twice (resume) keeps its last."""
+  by_step = {int(r['step']): float(r[key]) for r in rows if key in r}
+  steps = sorted(by_step)
+  return steps, [by_step[s] for s in steps]
+
+
+CURVES = (('loss (label-smoothed)', ('train_loss', 'eval_loss')),
+          ('NLL per token', ('train_nll', 'eval_nll')),
+          ('validation BLEU (greedy)', ('eval_bleu',)),
+          ('learning rate', ('learning_rate',)))
+
+
+def plot_learning_curves(rows: Sequence[Mapping[str, float]], path: str | pathlib.Path,
+                         title: str = '') -> pathlib.Path:
+  """Writes one PNG with loss, NLL, validation BLEU and learning rate against steps."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.4))
+  for ax, (name, keys) in zip(axes, CURVES):
+    for key in keys:
+      steps, values = series(rows, key)
+      if steps:
+        ax.plot(steps, values, marker='o' if len(steps) < 30 else None, markersize=3,
+                label=key)
+    ax.set_title(name, fontsize=10)
+    ax.set_xlabel('step')
+    ax.grid(alpha=0.3)
+    if len(keys) > 1 and ax.lines:
+      ax.legend(fontsize=8)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return path

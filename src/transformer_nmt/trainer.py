@@ -113,12 +113,13 @@ def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelC
 class Progress:
   """Accumulates step metrics on device and logs them every `every` steps (one host sync)."""
 
-  def __init__(self, num_steps: int, start: int, writer: MetricWriter):
+  def __init__(self, num_steps: int, start: int, writer: MetricWriter, wall_before: float = 0.0):
     self.num_steps, self.writer = num_steps, writer
     self.pending: list[dict] = []
     self.padding: list[float] = []
     self.start_step, self.t0 = start, time.time()
     self.last_step, self.last_t = start, self.t0
+    self.wall0 = self.t0 - wall_before  # wall_s counts earlier runs of a resumed workdir too
 
   def add(self, metrics: dict, batch: data_lib.Batch) -> None:
     self.pending.append(metrics)
@@ -141,7 +142,8 @@ class Progress:
            'learning_rate': float(sums[-1]['learning_rate']),
            'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
            'tokens_per_sec': (tokens + real_src) / max(now - self.last_t, 1e-9),
-           'padding_fraction': float(np.mean(self.padding))}
+           'padding_fraction': float(np.mean(self.padding)),
+           'wall_s': now - self.wall0}
     logging.info('step %d/%d | loss %.3f (nll %.3f) | lr %.2e | %.0f tok/s | pad %.0f%% | '
                  '%s elapsed, %s left', step, self.num_steps, row['train_loss'], row['train_nll'],
                  row['learning_rate'],
@@ -158,15 +160,23 @@ def _hms(seconds: float) -> str:
 
 def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, step: int,
              final: bool = False) -> dict:
-  """Validation loss and greedy BLEU (and test BLEU when final), logged."""
+  """Validation loss and greedy BLEU, logged.
+
+  `eval_bleu` is always on the same first `eval.bleu_sentences` validation sentences, so that
+  evaluations compare (and pick the best checkpoint); the final evaluation adds `valid_bleu`
+  on the whole validation set and `test_bleu` when there is a test set.
+  """
   ev = exp.evaluator
   loss = ev.loss(params, exp.valid)
-  n = 0 if final else config.eval.bleu_sentences
-  bleu, _, signature = ev.bleu(params, subset(exp.valid, n), exp.valid_refs)
+  sample = subset(exp.valid, config.eval.bleu_sentences)
+  bleu, _, signature = ev.bleu(params, sample, exp.valid_refs)
   row = {'eval_loss': loss['loss'], 'eval_nll': loss['nll'], 'eval_perplexity': loss['perplexity'],
          'eval_accuracy': loss['accuracy'], 'eval_bleu': bleu}
-  if final and exp.test is not None:
-    row['test_bleu'], _, _ = ev.bleu(params, exp.test, exp.test_refs)
+  if final:
+    row['valid_bleu'] = (bleu if len(sample) == len(exp.valid)
+                         else ev.bleu(params, exp.valid, exp.valid_refs)[0])
+    if exp.test is not None:
+      row['test_bleu'], _, _ = ev.bleu(params, exp.test, exp.test_refs)
   logging.info('eval at step %d: %s  [%s]', step,
                ', '.join(f'{k} {v:.4g}' for k, v in row.items()), signature)
   return row
@@ -181,6 +191,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
   logging.info('Model: %s parameters', f'{count_params(state.params):,}')
   ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
+  best = Checkpointer(workdir_path / 'best', keep=1, best_metric='eval_bleu') if t.keep_best \
+      else None
   restored = ckpt.restore_latest_readable(state)
   if restored is not None:
     state = restored
@@ -190,24 +202,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    _train_loop(exp, config, sharding.replicate(state, mesh), mesh, ckpt, writer,
+    _train_loop(exp, config, sharding.replicate(state, mesh), mesh, ckpt, best, writer,
                 jax.random.fold_in(rng, 1))
   finally:
     ckpt.close()
+    if best is not None:
+      best.close()
     writer.close()
 
 
 def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, mesh: Any,
-                ckpt: Checkpointer, writer: MetricWriter, dropout_rng: jax.Array) -> None:
+                ckpt: Checkpointer, best: Optional[Checkpointer], writer: MetricWriter,
+                dropout_rng: jax.Array) -> None:
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
-  on Ctrl-C the last completed step is checkpointed before the interrupt propagates."""
+  on Ctrl-C the last completed step is checkpointed before the interrupt propagates.
+  `best`, if given, keeps the checkpoint with the highest validation BLEU."""
   t = config.train
   start = int(state.step)
   step_fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
                                       learning_rate_fn=learning_rate_fn(exp.model_cfg, t)),
                     out_shardings=sharding.replicated(mesh),
                     donate_argnums=0 if jax.default_backend() != 'cpu' else ())
-  progress = Progress(t.num_steps, start, writer)
+  progress = Progress(t.num_steps, start, writer, writer.last('wall_s', start))
   batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start,
                                    row_multiple=jax.device_count(),
                                    pack_length=config.data.pack_length)
@@ -224,6 +240,8 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, 
       if step % t.eval_every == 0 or step == t.num_steps:
         row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
                             final=step == t.num_steps))
+        if best is not None:
+          best.save(step, state, metrics={'eval_bleu': row['eval_bleu']})
         progress.skip_time()
       if row:
         writer.write(step, row)

@@ -1,0 +1,150 @@
+"""Train, choose on validation, score the test sets, and add a row to docs/RESULTS.md.
+
+    python recipe.py --config configs/multi30k_1h.py:en-de --workdir runs/m30k_1h_en_de
+
+1. Trains with train.py's loop (resuming; skipped when the workdir has reached train.num_steps).
+2. On the validation set only: picks the checkpoint (latest, average of the last N, best by
+   validation BLEU) with greedy search, then alpha for beam search on it.
+3. Decodes data.test_* and data.extra_test_* with the chosen settings: sacreBLEU (cased,
+   detokenised) with its signature, and chrF.
+4. Writes learning curves and attention heatmaps under --plots_dir and appends a row that
+   links them to --results.
+"""
+
+import json
+import logging
+import os
+import pathlib
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_nmt.cli import config_flag_parser, fail, quiet_logging
+from transformer_nmt.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
+_RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md', 'Markdown file to append a row to.')
+_PLOTS = flags.DEFINE_string('plots_dir', 'docs/plots', 'PNGs go to PLOTS_DIR/<workdir name>/.')
+_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the alpha search and the test sets.')
+_ALPHAS = flags.DEFINE_list('alphas', ['0.6', '1.0'], 'Length penalties tried on validation.')
+_AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
+_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
+_ATTENTION = flags.DEFINE_integer('attention_sentences', 3, 'Test sentences to plot.')
+
+INTRO = """# Translation results
+
+Rows are appended by `recipe.py` (see README): each trains a config, chooses the checkpoint and
+the beam-search length penalty on the validation set only, then decodes the test sets. Scores
+are sacreBLEU (cased, detokenised, 13a tokenisation, with its signature) and chrF.
+"""
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  quiet_logging()
+  try:
+    alphas = [float(a) for a in _ALPHAS.value]
+  except ValueError:
+    fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
+  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _AVERAGE.value < 0:
+    fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
+  try:
+    run(alphas)
+  except UserError as e:
+    fail(str(e))
+  except KeyboardInterrupt:
+    raise SystemExit(130)
+
+
+def run(alphas: list[float]) -> None:
+  from transformer_nmt import plots, recipe, trainer
+  from transformer_nmt.checkpoint import Checkpointer
+  from transformer_nmt.metrics import read_metrics
+  config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
+  valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
+  steps_dir = workdir / 'checkpoints'
+  done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None
+  if (done or 0) < config.train.num_steps:
+    trainer.train_and_evaluate(config, str(workdir))
+  else:
+    logging.info('%s has reached step %d: not training', workdir, config.train.num_steps)
+  rows = read_metrics(workdir / 'metrics.jsonl')
+  wall = max((r['wall_s'] for r in rows if 'wall_s' in r), default=None)
+
+  t0 = time.time()
+  selection, translator = recipe.select(
+      workdir, *valid, beam_size=_BEAM.value, alphas=alphas, average_last=_AVERAGE.value,
+      batch_tokens=_BATCH_TOKENS.value, max_extra_len=config.eval.max_extra_len,
+      log=logging.info)
+  model, scored = selection.model, []
+  for name, (sources, refs) in tests:
+    s = recipe.score(translator, model, sources, refs)
+    logging.info('%s: sacreBLEU %.2f  chrF %.2f  [%s]', name, s.bleu, s.chrf, s.signature)
+    out = workdir / 'recipe' / f'{name}.hyp'
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(''.join(h + '\n' for h in s.hypotheses), encoding='utf-8')
+    scored.append((name, s))
+  logging.info('selection and decoding took %.0f s', time.time() - t0)
+
+  plot_dir = pathlib.Path(_PLOTS.value) / workdir.name
+  paths = [plots.plot_learning_curves(rows, plot_dir / 'curves.png', title=workdir.name)]
+  if tests:
+    paths += plots.plot_cross_attention(model, tests[0][1][0], scored[0][1].hypotheses, plot_dir,
+                                        _ATTENTION.value)
+  results = pathlib.Path(_RESULTS.value)
+  links = [os.path.relpath(p, results.parent) for p in paths]
+  row = recipe.results_row(config=_config_arg(), direction=_direction(config.data),
+                           steps=config.train.num_steps, train_seconds=wall,
+                           selection=selection, tests=scored, plots=links)
+  recipe.append_row(results, row, INTRO)
+  (workdir / 'recipe').mkdir(exist_ok=True)
+  (workdir / 'recipe' / 'selection.json').write_text(json.dumps(
+      {'checkpoint': selection.checkpoint, 'steps': model.steps, 'beam_size': selection.beam_size,
+       'alpha': selection.alpha, 'valid_bleu': selection.valid_bleu, 'trials': selection.table,
+       'tests': {n: {'bleu': s.bleu, 'chrf': s.chrf, 'signature': s.signature,
+                     'chrf_signature': s.chrf_signature} for n, s in scored}}, indent=2))
+  logging.info('appended to %s: %s', results, row.strip())
+
+
+def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
+  """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
+  from transformer_nmt import corpus as corpus_lib
+  from transformer_nmt import data as data_lib
+  from transformer_nmt import trainer
+  trainer.validate_config(config)
+  d = config.data
+  if len(d.extra_test_src) != len(d.extra_test_tgt):
+    fail('data.extra_test_src and data.extra_test_tgt must list the same number of files')
+  corpus = corpus_lib.read_corpus(d, workdir)
+  tests = []
+  if corpus.test is not None:
+    name = pathlib.Path(d.test_tgt).stem if d.source == 'text' else 'test'
+    tests.append((name, corpus.test[:2]))
+  for src, tgt in zip(d.extra_test_src, d.extra_test_tgt):
+    sources, refs, stats = data_lib.read_parallel(src, tgt)
+    if stats.empty:
+      logging.info('%s: %d pairs with an empty side skipped', src, stats.empty)
+    tests.append((pathlib.Path(tgt).stem, (sources, refs)))
+  return corpus.valid[:2], tests
+
+
+def _config_arg() -> str:
+  """The config file as given (with its argument), plus any --config.* overrides."""
+  holder = flags.FLAGS['config']
+  overrides = config_flags.get_override_values(holder)
+  return ' '.join([config_flags.get_config_filename(holder)] +
+                  [f'{k}={v}' for k, v in sorted(overrides.items())])
+
+
+def _direction(d) -> str:
+  if d.source == 'demo':
+    return 'en→de (demo)'
+  src, tgt = (pathlib.Path(p).suffix.lstrip('.') for p in (d.train_src, d.train_tgt))
+  return f'{src}→{tgt}' if src and tgt else 'n/a'
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=config_flag_parser(_CONFIG))

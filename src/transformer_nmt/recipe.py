@@ -1,0 +1,162 @@
+"""After training: pick checkpoint and length penalty on the validation set, score test sets,
+and append a row to a markdown results table (what recipe.py runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import pathlib
+import platform
+from typing import Callable, Optional, Sequence
+
+import jax
+
+from transformer_nmt.inference import LoadedModel, Translator, load_workdir
+from transformer_nmt.metrics import corpus_bleu, corpus_chrf
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class Scored:
+  """sacreBLEU and chrF of one system output, with the signatures that say how."""
+
+  bleu: float
+  chrf: float
+  signature: str
+  chrf_signature: str
+  hypotheses: list[str]
+
+
+def score(translator: Translator, model: LoadedModel, sources: Sequence[str],
+          references: Sequence[str]) -> Scored:
+  """Translates `sources` and scores them (cased, detokenised) against `references`."""
+  hyps = translator.translate_lines(model.params, sources)
+  bleu, signature = corpus_bleu(hyps, references)
+  chrf, chrf_signature = corpus_chrf(hyps, references)
+  return Scored(bleu, chrf, signature, chrf_signature, hyps)
+
+
+@dataclasses.dataclass
+class Selection:
+  """The chosen checkpoint(s) and search settings, with the validation BLEU that chose them."""
+
+  model: LoadedModel
+  checkpoint: str  # 'latest', 'average of last N' or 'best'
+  beam_size: int
+  alpha: float
+  valid_bleu: float
+  valid_sentences: int
+  table: list[tuple[str, str, float]]  # (checkpoint, search, validation BLEU) of every trial
+
+
+Loader = Callable[[], LoadedModel]
+
+
+def checkpoint_candidates(workdir: str | os.PathLike,
+                          average_last: int) -> list[tuple[str, Loader]]:
+  """(label, loader) for the latest checkpoint, the average of the last N and the best one."""
+  workdir = pathlib.Path(workdir)
+  candidates = [('latest', lambda: load_workdir(workdir))]
+  available = len(list((workdir / 'checkpoints').glob('[0-9]*')))
+  n = min(average_last, available)
+  if n > 1:
+    candidates.append((f'average of last {n}', lambda: load_workdir(workdir, average_last=n)))
+  if (workdir / 'best').exists():
+    candidates.append(('best', lambda: load_workdir(workdir, best=True)))
+  return candidates
+
+
+def select(workdir: str | os.PathLike, sources: Sequence[str], references: Sequence[str], *,
+           beam_size: int, alphas: Sequence[float], average_last: int, batch_tokens: int,
+           max_extra_len: int, log: Log) -> tuple[Selection, Translator]:
+  """Chooses on validation data only: first the checkpoint (greedy BLEU, which is cheap), then
+  the length penalty alpha for beam search on that checkpoint (greedy if no alpha beats it).
+
+  Returns the selection and a translator with the chosen search settings.
+  """
+  table: list[tuple[str, str, float]] = []
+  options = dict(max_extra_len=max_extra_len, tokens_per_batch=batch_tokens)
+  greedy: Optional[Translator] = None  # compiled once, shared by every candidate
+  best: Optional[tuple[float, str, LoadedModel]] = None
+  for label, load in checkpoint_candidates(workdir, average_last):
+    model = load()
+    greedy = greedy or Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=1, **options)
+    bleu = score(greedy, model, sources, references).bleu
+    log(f'validation: {label} (steps {model.steps}), greedy: BLEU {bleu:.2f}')
+    table.append((label, 'greedy', bleu))
+    if best is None or bleu > best[0]:
+      best = (bleu, label, model)
+  assert best is not None and greedy is not None  # load_workdir raises without checkpoints
+  greedy_bleu, label, model = best
+  chosen = (greedy_bleu, 1, 0.0, greedy)
+  for alpha in alphas:
+    beam = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=beam_size, alpha=alpha,
+                      **options)
+    bleu = score(beam, model, sources, references).bleu
+    log(f'validation: {label}, beam {beam_size} alpha {alpha}: BLEU {bleu:.2f}')
+    table.append((label, f'beam {beam_size}, alpha {alpha}', bleu))
+    if bleu > chosen[0]:
+      chosen = (bleu, beam_size, alpha, beam)
+  bleu, k, alpha, translator = chosen
+  return Selection(model, label, k, alpha, bleu, len(sources), table), translator
+
+
+def machine() -> str:
+  """CPU model and core count, or the accelerator, for the hardware column."""
+  backend = jax.default_backend()
+  if backend != 'cpu':
+    return f'{jax.device_count()}× {jax.devices()[0].device_kind}'
+  name = platform.processor() or platform.machine()
+  try:
+    for line in pathlib.Path('/proc/cpuinfo').read_text().splitlines():
+      if line.startswith('model name'):
+        name = line.split(':', 1)[1].strip()
+        break
+  except OSError:
+    pass
+  return f'{os.cpu_count()}-core CPU ({name})'
+
+
+def hours(seconds: Optional[float]) -> str:
+  if not seconds:
+    return 'n/a'
+  m = int(round(seconds / 60))
+  return f'{m // 60}h{m % 60:02d}m'
+
+
+RESULTS_HEADER = """\
+| date | config | direction | steps | train wall | hardware | checkpoint, search (chosen on valid) | valid BLEU | test sets: sacreBLEU / chrF | plots | sacreBLEU signature |
+| --- | --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |
+"""
+
+
+def results_row(*, config: str, direction: str, steps: int, train_seconds: Optional[float],
+                selection: Selection, tests: Sequence[tuple[str, Scored]],
+                plots: Sequence[str]) -> str:
+  """One markdown table row (see RESULTS_HEADER)."""
+  search = ('greedy' if selection.beam_size == 1
+            else f'beam {selection.beam_size}, α {selection.alpha:g}')
+  scores = '; '.join(f'{name}: **{s.bleu:.2f}** / {s.chrf:.2f}' for name, s in tests)
+  links = ' '.join(f'[{pathlib.Path(p).stem}]({p})' for p in plots)
+  cells = [datetime.date.today().isoformat(), f'`{config}`', direction, str(steps),
+           hours(train_seconds), machine(), f'{selection.checkpoint}, {search}',
+           f'{selection.valid_bleu:.2f} ({selection.valid_sentences} sent.)', scores, links,
+           f'`{tests[0][1].signature}`' if tests else '']
+  return '| ' + ' | '.join(cells) + ' |\n'
+
+
+def append_row(path: str | os.PathLike, row: str, intro: str) -> None:
+  """Appends `row` to the table at the end of `path`, creating the file with `intro` first.
+
+  The file is rewritten through a temporary file, so it is never left half-written.
+  """
+  path = pathlib.Path(path)
+  text = path.read_text(encoding='utf-8') if path.exists() else intro + '\n' + RESULTS_HEADER
+  if not text.endswith('\n'):
+    text += '\n'
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix('.tmp')
+  tmp.write_text(text + row, encoding='utf-8')
+  tmp.replace(path)

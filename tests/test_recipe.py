@@ -1,0 +1,115 @@
+"""recipe.py (train, choose on validation, score tests, append a results row), the best
+checkpoint kept by validation BLEU, and the learning-curve plot."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from transformer_nmt.checkpoint import Checkpointer
+from transformer_nmt.inference import load_workdir
+from transformer_nmt.metrics import read_metrics
+from transformer_nmt.plots import plot_learning_curves, series
+from transformer_nmt.recipe import RESULTS_HEADER, append_row
+
+
+def test_best_checkpoint_is_the_highest_validation_bleu(tiny_workdir):
+  rows = [r for r in read_metrics(tiny_workdir / 'metrics.jsonl') if 'eval_bleu' in r]
+  assert [r['step'] for r in rows] == [10, 20]
+  best = Checkpointer(tiny_workdir / 'best', read_only=True)
+  (step,) = best.all_steps()  # keep=1
+  assert best.metrics(step)['eval_bleu'] == pytest.approx(max(r['eval_bleu'] for r in rows))
+  top = max(r['eval_bleu'] for r in rows)
+  assert step == max(r['step'] for r in rows if r['eval_bleu'] == top)  # ties: the later
+  best.close()
+  assert load_workdir(tiny_workdir, best=True).steps == [step]
+
+
+def test_best_checkpointer_keeps_the_highest_metric_not_the_latest(tmp_path):
+  import flax
+  import jax.numpy as jnp
+
+  @flax.struct.dataclass
+  class State:
+    params: dict
+    opt_state: dict
+    step: jnp.ndarray
+
+  ckpt = Checkpointer(tmp_path / 'best', keep=1, best_metric='eval_bleu')
+  for step, bleu in ((1, 5.0), (2, 9.0), (3, 7.0)):
+    ckpt.save(step, State({'w': jnp.full((2,), float(step))}, {}, jnp.int32(step)),
+              metrics={'eval_bleu': bleu})
+  ckpt.close()
+  kept = Checkpointer(tmp_path / 'best', read_only=True)
+  assert kept.all_steps() == [2]
+  assert kept.restore_params(2)['w'].tolist() == [2.0, 2.0]
+  kept.close()
+
+
+def test_series_keeps_the_last_value_of_a_repeated_step(tmp_path):
+  rows = [{'step': 5, 'train_loss': 3.0}, {'step': 10, 'train_loss': 2.0},
+          {'step': 10, 'train_loss': 1.5, 'eval_bleu': 7.0}, {'step': 15, 'train_loss': 1.0}]
+  assert series(rows, 'train_loss') == ([5, 10, 15], [3.0, 1.5, 1.0])
+  assert series(rows, 'eval_bleu') == ([10], [7.0])
+  path = plot_learning_curves(rows, tmp_path / 'c.png')
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_append_row_creates_then_appends(tmp_path):
+  path = tmp_path / 'docs' / 'R.md'
+  append_row(path, '| a |\n', '# Intro\n')
+  append_row(path, '| b |\n', '# Intro\n')
+  assert path.read_text() == '# Intro\n\n' + RESULTS_HEADER + '| a |\n| b |\n'
+
+
+def run_recipe(workdir, tmp_path, *flags):
+  cmd = [sys.executable, 'recipe.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         '--results', str(tmp_path / 'docs' / 'RESULTS.md'),
+         '--plots_dir', str(tmp_path / 'docs' / 'plots'), *flags]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(tiny_workdir, workdir)
+  first = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6,1.0',
+                     '--average_last', '2', '--attention_sentences', '2')
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert 'has reached step 20: not training' in first.stderr
+  selection = json.loads((workdir / 'recipe' / 'selection.json').read_text())
+  labels = [(c, s) for c, s, _ in selection['trials']]
+  assert labels[:3] == [('latest', 'greedy'), ('average of last 2', 'greedy'),
+                        ('best', 'greedy')]
+  assert [s for _, s in labels[3:]] == ['beam 2, alpha 0.6', 'beam 2, alpha 1.0']
+  # the chosen setting is the best validation trial on the chosen checkpoint
+  chosen = [b for c, _, b in selection['trials'] if c == selection['checkpoint']]
+  assert selection['valid_bleu'] == max(chosen)
+  assert set(selection['tests']) == {'test'}
+  assert len((workdir / 'recipe' / 'test.hyp').read_text().splitlines()) == 20
+  plots = tmp_path / 'docs' / 'plots' / 'run'
+  assert sorted(p.name for p in plots.iterdir()) == ['attention_1.png', 'attention_2.png',
+                                                     'curves.png']
+  text = (tmp_path / 'docs' / 'RESULTS.md').read_text()
+  (row,) = [line for line in text.splitlines() if line.startswith('| 2')]
+  assert '`configs/tiny.py`' in row and '| 20 |' in row and 'plots/run/curves.png' in row
+  assert f"test: **{selection['tests']['test']['bleu']:.2f}**" in row
+  assert 'nrefs:1|case:mixed' in row
+
+  second = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6',
+                      '--average_last', '0')
+  assert second.returncode == 0, second.stderr[-3000:]
+  text = (tmp_path / 'docs' / 'RESULTS.md').read_text()
+  assert text.count('| date |') == 1
+  assert len([line for line in text.splitlines() if line.startswith('| 2')]) == 2
+
+
+def test_recipe_rejects_bad_flags(tmp_path):
+  result = run_recipe(tmp_path / 'run', tmp_path, '--alphas', '0.6,abc')
+  assert result.returncode == 2
+  assert 'error: --alphas=0.6,abc: expected numbers' in result.stderr
+  assert 'Traceback' not in result.stderr
+  assert not (tmp_path / 'run').exists()
