@@ -1,6 +1,7 @@
 import dataclasses
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -102,3 +103,20 @@ def test_bfloat16_compute_keeps_float32_params(tiny_cfg):
   src, tgt, s_seg, t_seg = _batch()
   logits = Transformer(cfg).apply({'params': params}, src, tgt, s_seg, t_seg)
   assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
+
+
+def test_bfloat16_gradients_follow_float32(tiny_cfg):
+  """The bfloat16 mode (float32 accumulation, custom VJP) computes the float32 model's
+  gradient up to bfloat16 rounding."""
+  params = init_params(tiny_cfg, jax.random.key(0))
+  src, tgt, s_seg, t_seg = _batch()
+
+  def grads(dtype):
+    model = Transformer(dataclasses.replace(tiny_cfg, dtype=dtype))
+    loss = lambda p: jnp.mean(jax.nn.logsumexp(  # noqa: E731
+        model.apply({'params': p}, src, tgt, s_seg, t_seg), axis=-1))
+    return jax.flatten_util.ravel_pytree(jax.grad(loss)(params))[0]
+  g32, g16 = grads('float32'), grads('bfloat16')
+  cosine = jnp.dot(g32, g16) / (jnp.linalg.norm(g32) * jnp.linalg.norm(g16))
+  assert cosine > 0.99, cosine
+  assert 0.9 < jnp.linalg.norm(g16) / jnp.linalg.norm(g32) < 1.1

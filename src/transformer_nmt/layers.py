@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.attention import xavier_dense
+from transformer_nmt.precision import mixed_matmul
 from transformer_nmt.config import ModelConfig
 
 
@@ -65,8 +66,9 @@ class Embed(nn.Module):
 
   def logits(self, x: jax.Array) -> jax.Array:
     """[B, L, D] -> [B, L, V] float32 logits through the transposed embedding (weight tying)."""
-    table = self.embedding.astype(self.cfg.dtype)
-    return jnp.einsum('bld,vd->blv', x, table, preferred_element_type=jnp.float32)
+    if self.cfg.dtype == 'float32':
+      return jnp.einsum('bld,vd->blv', x, self.embedding)
+    return mixed_matmul(x, self.embedding.astype(self.cfg.dtype).T, jnp.float32)
 
 
 class FeedForward(nn.Module):
