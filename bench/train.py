@@ -314,19 +314,6 @@ def ratios(results: dict[str, dict]) -> list[str]:
   return out
 
 
-def write_section(path: pathlib.Path, text: str) -> None:
-  begin, end = '<!-- bench/train.py:begin -->', '<!-- bench/train.py:end -->'
-  old = path.read_text(encoding='utf-8') if path.exists() else '# Benchmark results\n'
-  block = f'{begin}\n{text}{end}'
-  if begin in old and end in old:
-    new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-  else:
-    new = old.rstrip('\n') + '\n\n' + block + '\n'
-  tmp = path.with_suffix('.tmp')
-  tmp.write_text(new, encoding='utf-8')
-  tmp.replace(path)
-
-
 def main(argv: list[str]) -> None:
   del argv
   if _CHILD.value:
@@ -353,7 +340,8 @@ def main(argv: list[str]) -> None:
           + table(results, real, flops) + '\n' + ''.join(f'- {r}\n' for r in ratios(results)))
   print(text)
   if _MARKDOWN.value:
-    write_section(pathlib.Path(_MARKDOWN.value), text)
+    from bench_markdown import write_section
+    write_section(pathlib.Path(_MARKDOWN.value), 'bench/train.py', text)
 
 
 if __name__ == '__main__':

@@ -148,3 +148,18 @@ def test_per_row_limits_and_chunking(chunk):
                                 **kw)
     np.testing.assert_array_equal(np.asarray(beams)[row], np.asarray(alone_beam)[0])
   assert (np.asarray(beams)[0, 2:] == PAD).all()
+
+
+@pytest.mark.parametrize('beam_size', [1, 3])
+def test_filler_rows_end_at_once(model, beam_size):
+  """A row without source tokens (filling a bucket's last batch) yields EOS then padding, so
+  it never keeps the batch decoding to its length limit."""
+  cfg, params, src, seg = model
+  src = jnp.concatenate([src, jnp.zeros_like(src[:1])])
+  seg = jnp.concatenate([seg, jnp.zeros_like(seg[:1])])
+  out = np.asarray(translate(cfg, params, src, seg, bos_id=BOS, eos_id=3, pad_id=PAD,
+                             beam_size=beam_size, max_extra_len=6))
+  assert out[2].tolist() == [3] + [PAD] * (out.shape[1] - 1)
+  real = np.asarray(translate(cfg, params, src[:2], seg[:2], bos_id=BOS, eos_id=3, pad_id=PAD,
+                              beam_size=beam_size, max_extra_len=6))
+  np.testing.assert_array_equal(out[:2], real)

@@ -128,3 +128,12 @@ def test_rows_are_a_multiple_of_the_device_count():
     assert plan.rows % 8 == 0 and plan.rows >= 8
   plans = data_lib.plan_batches(lengths, [6, 12], tokens_per_batch=100, row_multiple=8)
   assert sorted(np.concatenate([p.examples for p in plans]).tolist()) == list(range(50))
+
+
+def test_trim_rows_cuts_filler_rows_to_a_power_of_two():
+  from transformer_nmt.data import BatchPlan, trim_rows
+  plans = [BatchPlan(np.arange(5), 64, 16), BatchPlan(np.arange(64), 64, 16),
+           BatchPlan(np.arange(1), 64, 16), BatchPlan(np.arange(3), 4, 32)]
+  assert [p.rows for p in trim_rows(plans)] == [8, 64, 8, 4]
+  assert [p.rows for p in trim_rows(plans, minimum=1)] == [8, 64, 1, 4]
+  assert all(len(p.examples) <= p.rows for p in trim_rows(plans, minimum=1))

@@ -119,7 +119,7 @@ class Translator:
       return out
     lengths = np.array([len(r) for r in rows])
     boundaries = data_lib.bucket_boundaries(int(lengths.max()))
-    plans = data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch)
+    plans = data_lib.trim_rows(data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch))
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
       ids = np.asarray(self._translate(params, src, segments,

@@ -38,6 +38,10 @@ class Tokenizer:
     return self._sp.pad_id()
 
   @property
+  def unk_id(self) -> int:
+    return self._sp.unk_id()
+
+  @property
   def bos_id(self) -> int:
     return self._sp.bos_id()
 

@@ -76,7 +76,10 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
   logits_fn, cache = _decoder(model, variables, memory, src_segments,
                               padded_length(max_len, chunk), cache_mode)
-  max_lens = jnp.sum(src_segments > 0, axis=1) + max_extra_len
+  src_lens = jnp.sum(src_segments > 0, axis=1)
+  # Filler rows (no source tokens; they pad a bucket's last batch) end at once: were they left
+  # to run to their length limit, every batch would decode for the full max_len steps.
+  max_lens = jnp.where(src_lens > 0, src_lens + max_extra_len, 1)
   ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len, chunk=chunk)
   if temperature > 0.0:
     return greedy_search(logits_fn, cache, max_lens, temperature=temperature, top_k=top_k,

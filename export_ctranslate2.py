@@ -1,0 +1,50 @@
+"""Export a trained workdir to a CTranslate2 model directory for deployment.
+
+    python export_ctranslate2.py --workdir runs/m30k_1h_en_de --out m30k_ct2 --average_last 5
+
+Then translate with CTranslate2 (see src/transformer_nmt/ctranslate2_export.py for the token
+convention): SentencePiece pieces of each source line followed by '</s>'.
+"""
+
+import sys
+
+from absl import app, flags
+
+from transformer_nmt.cli import fail, quiet_logging
+from transformer_nmt.errors import UserError
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
+_OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
+                           required=True)
+_CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
+_AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints.')
+_BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
+_QUANTIZATION = flags.DEFINE_enum('quantization', None, ['int8', 'int8_float32', 'int16',
+                                                         'float16', 'bfloat16'],
+                                  'Weight type in the export (default: float32).')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  quiet_logging()
+  try:
+    import ctranslate2  # noqa: F401
+  except ImportError:
+    fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
+  import pathlib
+  from transformer_nmt.ctranslate2_export import export
+  from transformer_nmt.inference import load_workdir
+  out = pathlib.Path(_OUT.value)
+  if out.exists() and any(out.iterdir()):
+    fail(f'--out={out} exists and is not empty; choose a new directory')
+  try:
+    model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+    export(model.cfg, model.params, model.src_tok, model.tgt_tok, out, _QUANTIZATION.value)
+  except UserError as e:
+    fail(str(e))
+  print(f'wrote CTranslate2 model of checkpoint step(s) {model.steps} to {out}', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,111 @@
+"""Export a trained model to CTranslate2 (a C++ inference engine) for deployment.
+
+CTranslate2's Transformer spec matches ours layer for layer: scaled embeddings plus sinusoidal
+positions (we pass our own table, so both variants work), pre- or post-LN sublayers, fused
+Q/K/V in self-attention and fused K/V in cross-attention, ReLU FFN, a final norm for pre-LN,
+and the output projection. Its linear weights are [out, in]; ours are [in, out].
+
+Using the export: source tokens are SentencePiece pieces followed by '</s>' (our models see
+EOS at the end of every source), e.g.
+
+    translator = ctranslate2.Translator(out_dir)
+    pieces = sp.encode(line, out_type=str) + ['</s>']
+    translator.translate_batch([pieces], beam_size=4)
+
+CTranslate2's length penalty divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha, so
+beam search results can differ slightly from ours; greedy search agrees.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.layers import sinusoidal_positions
+from transformer_nmt.tokenizer import Tokenizer
+
+
+def _linear(spec: Any, kernel: np.ndarray, bias: Any = None) -> None:
+  spec.weight = np.ascontiguousarray(np.asarray(kernel, np.float32).T)  # [in, out] -> [out, in]
+  if bias is not None:
+    spec.bias = np.asarray(bias, np.float32)
+
+
+def _norm(spec: Any, p: dict) -> None:
+  spec.gamma, spec.beta = np.asarray(p['scale'], np.float32), np.asarray(p['bias'], np.float32)
+
+
+def _attention(spec: Any, p: dict, norm: dict, self_attention: bool) -> None:
+  q, k, v = (np.asarray(p[n]['kernel']) for n in ('query', 'key', 'value'))
+  if self_attention:
+    _linear(spec.linear[0], np.concatenate([q, k, v], axis=1))
+    _linear(spec.linear[1], p['out']['kernel'])
+  else:
+    _linear(spec.linear[0], q)
+    _linear(spec.linear[1], np.concatenate([k, v], axis=1))
+    _linear(spec.linear[2], p['out']['kernel'])
+  _norm(spec.layer_norm, norm)
+
+
+def _ffn(spec: Any, p: dict, norm: dict) -> None:
+  _linear(spec.linear_0, p['wi']['kernel'], p['wi']['bias'])
+  _linear(spec.linear_1, p['wo']['kernel'], p['wo']['bias'])
+  _norm(spec.layer_norm, norm)
+
+
+def build_spec(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Tokenizer,
+               max_positions: int = 1024) -> Any:
+  """A ctranslate2 TransformerSpec holding our parameters and vocabularies."""
+  from ctranslate2.specs import transformer_spec
+  if not cfg.tie_output:
+    raise ConfigError('CTranslate2 export supports tied output projections only')
+  spec = transformer_spec.TransformerSpec.from_config(
+      cfg.num_layers, cfg.num_heads, pre_norm=cfg.norm_position == 'pre')
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
+  positions = np.asarray(sinusoidal_positions(jnp.arange(max_positions), cfg.d_model,
+                                              cfg.positional_encoding), np.float32)
+  tgt_table = np.asarray(params['tgt_embed']['embedding'], np.float32)
+  src_table = tgt_table if cfg.share_embeddings else np.asarray(
+      params['src_embed']['embedding'], np.float32)
+  enc, dec = spec.encoder, spec.decoder
+  enc.embeddings[0].weight, dec.embeddings.weight = src_table, tgt_table
+  enc.position_encodings.encodings = dec.position_encodings.encodings = positions
+  dec.projection.weight = tgt_table  # [V, D] = the tied pre-softmax projection
+  for i, layer in enumerate(enc.layer):
+    p = params[f'encoder_layers_{i}']
+    _attention(layer.self_attention, p['self_attention'], p['norms_0'], True)
+    _ffn(layer.ffn, p['ffn'], p['norms_1'])
+  for i, layer in enumerate(dec.layer):
+    p = params[f'decoder_layers_{i}']
+    _attention(layer.self_attention, p['self_attention'], p['norms_0'], True)
+    _attention(layer.attention, p['cross_attention'], p['norms_1'], False)
+    _ffn(layer.ffn, p['ffn'], p['norms_2'])
+  if cfg.norm_position == 'pre':
+    _norm(enc.layer_norm, params['encoder_norm'])
+    _norm(dec.layer_norm, params['decoder_norm'])
+  for tok, register in ((src_tok, spec.register_source_vocabulary),
+                        (tgt_tok, spec.register_target_vocabulary)):
+    register(tok.pieces(range(tok.vocab_size)))
+  special = tgt_tok.pieces([tgt_tok.unk_id, tgt_tok.bos_id, tgt_tok.eos_id])
+  spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = special
+  spec.config.decoder_start_token = special[1]
+  return spec
+
+
+def export(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Tokenizer,
+           out_dir: str | os.PathLike, quantization: str | None = None) -> None:
+  """Writes a CTranslate2 model directory (model.bin, vocabularies, config.json).
+
+  `quantization` is one of CTranslate2's weight types (e.g. 'int8', 'bfloat16'); None keeps
+  float32.
+  """
+  spec = build_spec(cfg, params, src_tok, tgt_tok)
+  spec.validate()
+  spec.optimize(quantization=quantization)
+  os.makedirs(out_dir, exist_ok=True)
+  spec.save(str(out_dir))

@@ -1,0 +1,53 @@
+"""The CTranslate2 export reproduces our model: per-token log-probabilities of the same
+(source, target) pairs agree, for pre- and post-LN and both position variants."""
+
+import dataclasses
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from transformer_nmt.model import Transformer, init_params
+from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+
+ctranslate2 = pytest.importorskip('ctranslate2')
+
+
+@pytest.fixture(scope='module')
+def tokenizer(tmp_path_factory):
+  lines = [f'the {w} number {n} is here' for n in range(60) for w in ('red', 'big', 'old')]
+  path = tmp_path_factory.mktemp('spm') / 'spm.model'
+  train_tokenizer(lines, path, vocab_size=60, model_type='unigram')
+  return Tokenizer(path)
+
+
+@pytest.mark.parametrize('norm, positions', [('pre', 'interleaved'), ('post', 'concat')])
+def test_export_scores_match_ours(tiny_cfg, tokenizer, tmp_path, norm, positions):
+  from transformer_nmt.ctranslate2_export import export
+  cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size, norm_position=norm,
+                            positional_encoding=positions)
+  params = init_params(cfg, jax.random.key(3))
+  export(cfg, params, tokenizer, tokenizer, tmp_path / 'ct2')
+  src = tokenizer.encode(['the red number 7 is here'])[0] + [tokenizer.eos_id]
+  tgt = tokenizer.encode(['the old number 12'])[0] + [tokenizer.eos_id]
+  logits = Transformer(cfg).apply({'params': params}, jnp.array([src]),
+                                  jnp.array([[tokenizer.bos_id] + tgt[:-1]]))
+  ours = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits[0])), np.array(tgt)[:, None],
+                            axis=1)[:, 0]
+  translator = ctranslate2.Translator(str(tmp_path / 'ct2'), device='cpu')
+  theirs = translator.score_batch([tokenizer.pieces(src)], [tokenizer.pieces(tgt[:-1])])[0]
+  np.testing.assert_allclose(theirs.log_probs, ours, atol=2e-4)
+
+
+def test_export_command_refuses_a_non_empty_output(tmp_path):
+  (tmp_path / 'out').mkdir()
+  (tmp_path / 'out' / 'x').write_text('keep me')
+  result = subprocess.run([sys.executable, 'export_ctranslate2.py', '--workdir',
+                           str(tmp_path / 'none'), '--out', str(tmp_path / 'out')], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and 'is not empty' in result.stderr
+  assert (tmp_path / 'out' / 'x').read_text() == 'keep me'
