@@ -111,9 +111,11 @@ def test_interrupt_saves_a_checkpoint_to_resume_from(tmp_path, signum):
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path):
+@pytest.mark.parametrize('accumulate', [[], ['--config.train.global_batch_tokens=1024']],
+                         ids=['one-batch', 'accumulate-2'])
+def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path, accumulate):
   flags = ['--config.train.log_every=1', '--config.train.checkpoint_every=8',
-           '--config.train.eval_every=100000']
+           '--config.train.eval_every=100000', *accumulate]
   workdir = tmp_path / 'killed'
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--config.train.num_steps=100000', *flags]

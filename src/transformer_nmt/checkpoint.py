@@ -14,7 +14,10 @@ from transformer_nmt.errors import DataError
 
 
 class Checkpointer:
-  """Saves {params, opt_state, step} under `workdir/checkpoints/<step>`.
+  """Saves {params, opt_state, step, data_position} under `workdir/checkpoints/<step>`.
+
+  `data_position` is how many (micro-)batches the input pipeline has handed out, so a resumed
+  run continues with exactly the batch an uninterrupted run would have seen next.
 
   Orbax writes each step into a temporary directory and renames it when complete, so an
   interrupted save never looks like a checkpoint.
@@ -38,19 +41,20 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state: Any, force: bool = False,
-           metrics: Optional[dict[str, float]] = None) -> None:
+           metrics: Optional[dict[str, float]] = None, data_position: int = 0) -> None:
     """Starts an asynchronous save of `state`; with `force`, also when `step` is already saved."""
     if force and step in self._manager.all_steps():
       return
-    self._manager.save(step, args=ocp.args.StandardSave(_payload(state)), force=force,
-                       metrics=metrics)
+    payload = dict(_payload(state), data_position=np.int32(data_position))
+    self._manager.save(step, args=ocp.args.StandardSave(payload), force=force, metrics=metrics)
 
   def metrics(self, step: int) -> Optional[dict[str, float]]:
     """The metrics saved with checkpoint `step` (None if it was saved without)."""
     return self._manager.metrics(step)
 
-  def restore_latest_readable(self, state: Any) -> Any:
-    """Restores the newest checkpoint that reads back, saying which ones it had to skip.
+  def restore_latest_readable(self, state: Any) -> Optional[tuple[Any, int]]:
+    """(state, data_position) of the newest checkpoint that reads back, saying which ones it
+    had to skip.
 
     A checkpoint damaged after it was written (truncated or missing files) is skipped with a
     warning in favour of the one before it; None when there is no checkpoint at all.
@@ -66,12 +70,15 @@ class Checkpointer:
                       'checkpoints away to start afresh')
     return None
 
-  def restore(self, state: Any, step: Optional[int] = None) -> Any:
-    """Restores into the structure (and shardings) of `state`; latest step by default."""
+  def restore(self, state: Any, step: Optional[int] = None) -> tuple[Any, int]:
+    """(state, data_position) restored into the structure (and shardings) of `state`; latest
+    step by default."""
     step = self.latest_step() if step is None else step
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
+    abstract['data_position'] = jax.ShapeDtypeStruct((), np.int32)
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    return state.replace(**restored)
+    position = int(restored.pop('data_position'))
+    return state.replace(**restored), position
 
   def restore_params(self, step: int) -> Any:
     """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed).

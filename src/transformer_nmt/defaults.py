@@ -45,6 +45,10 @@ def default_config() -> ml_collections.ConfigDict:
       adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,  # §5.3
       clip_grad_norm=0.0,  # 0 = off (paper)
       label_smoothing=0.1,  # eps_ls (§5.4)
+      # Tokens per side per update, reached by accumulating gradients over
+      # round(global_batch_tokens / data.tokens_per_batch) batches; 0 = one batch per update.
+      # The paper's ~25k per side is e.g. 8 GPUs x 3125, or 1 device x 4096 x 6.
+      global_batch_tokens=0,
       seed=0,
       log_every=100,
       eval_every=1000,

@@ -58,6 +58,35 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothi
   return state.apply_gradients(grads=grads), metrics
 
 
+def grad_step(state: TrainState, batch: Batch, rng: jax.Array, *,
+              label_smoothing: float) -> tuple[Any, dict]:
+  """Gradient accumulation, part 1: gradients of the *summed* loss of one micro-batch and its
+  loss sums. `rng` should differ per micro-batch (fold in its index)."""
+  dropout_rng = jax.random.fold_in(rng, state.step)
+  weights = batch['tgt_segments'] > 0
+
+  def loss_fn(params: Any) -> tuple[jax.Array, dict]:
+    logits = _forward(state.apply_fn, params, batch, False, {'dropout': dropout_rng})
+    sums = smoothed_cross_entropy(logits, batch['tgt_out'], weights, label_smoothing)
+    return sums['loss'], sums
+
+  return jax.grad(loss_fn, has_aux=True)(state.params)
+
+
+def apply_accumulated(state: TrainState, grads: Any, sums: dict, *,
+                      learning_rate_fn: Optional[optax.Schedule] = None) -> tuple[TrainState,
+                                                                                 dict]:
+  """Gradient accumulation, part 2: one Adam update with the token mean over all micro-batches
+  (`grads` and `sums` added up over them), so A micro-batches give the same update as one
+  batch holding all their rows. Metrics as in `train_step`."""
+  scale = 1.0 / jnp.maximum(sums['tokens'], 1.0)
+  grads = jax.tree_util.tree_map(lambda g: g * scale, grads)
+  metrics = dict(sums, grad_norm=optax.tree.norm(grads))
+  if learning_rate_fn is not None:
+    metrics['learning_rate'] = learning_rate_fn(state.step)
+  return state.apply_gradients(grads=grads), metrics
+
+
 def eval_step(params: Any, batch: Batch, *, apply_fn: Callable[..., jax.Array],
               label_smoothing: float) -> dict:
   """Loss sums on one batch without dropout (see `smoothed_cross_entropy`)."""

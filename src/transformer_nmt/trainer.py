@@ -8,9 +8,10 @@ import json
 import logging
 import pathlib
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -24,7 +25,7 @@ from transformer_nmt.errors import ConfigError
 from transformer_nmt.evaluation import Evaluator, subset
 from transformer_nmt.metrics import MetricWriter
 from transformer_nmt.model import count_params
-from transformer_nmt.steps import train_step
+from transformer_nmt.steps import apply_accumulated, grad_step, train_step
 from transformer_nmt.train_state import create_train_state, learning_rate_fn
 
 
@@ -52,6 +53,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if not d.joint_vocab and config.model.share_embeddings:
     raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
                       'it needs model.share_embeddings=False')
+  if t.global_batch_tokens < 0:
+    raise ConfigError(f'train.global_batch_tokens={t.global_batch_tokens} must be 0 (one '
+                      'batch of data.tokens_per_batch per update) or positive')
   if t.adam_eps <= 0 or t.learning_rate_multiplier <= 0 or t.clip_grad_norm < 0:
     raise ConfigError('train.adam_eps and train.learning_rate_multiplier must be positive, '
                       'train.clip_grad_norm non-negative')
@@ -121,9 +125,9 @@ class Progress:
     self.last_step, self.last_t = start, self.t0
     self.wall0 = self.t0 - wall_before  # wall_s counts earlier runs of a resumed workdir too
 
-  def add(self, metrics: dict, batch: data_lib.Batch) -> None:
+  def add(self, metrics: dict, batches: list[data_lib.Batch]) -> None:
     self.pending.append(metrics)
-    self.padding.append(data_lib.padding_fraction(batch))
+    self.padding.extend(data_lib.padding_fraction(b) for b in batches)
 
   def skip_time(self) -> None:
     """Excludes time spent outside training (evaluation, checkpoint waits) from throughput."""
@@ -193,17 +197,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
   best = Checkpointer(workdir_path / 'best', keep=1, best_metric='eval_bleu') if t.keep_best \
       else None
-  restored = ckpt.restore_latest_readable(state)
+  restored, data_position = ckpt.restore_latest_readable(state), 0
   if restored is not None:
-    state = restored
+    state, data_position = restored
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
   mesh = sharding.data_mesh()
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    _train_loop(exp, config, sharding.replicate(state, mesh), mesh, ckpt, best, writer,
-                jax.random.fold_in(rng, 1))
+    _train_loop(exp, config, sharding.replicate(state, mesh), data_position, mesh, ckpt, best,
+                writer, jax.random.fold_in(rng, 1))
   finally:
     ckpt.close()
     if best is not None:
@@ -211,42 +215,76 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     writer.close()
 
 
-def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any, mesh: Any,
-                ckpt: Checkpointer, best: Optional[Checkpointer], writer: MetricWriter,
-                dropout_rng: jax.Array) -> None:
+def accumulation_steps(config: ml_collections.ConfigDict) -> int:
+  """Micro-batches per update: train.global_batch_tokens / data.tokens_per_batch, rounded."""
+  return max(1, round(config.train.global_batch_tokens / config.data.tokens_per_batch))
+
+
+def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any,
+               accumulate: int) -> Callable[[Any, list, jax.Array], tuple[Any, dict]]:
+  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches."""
+  lr = learning_rate_fn(exp.model_cfg, t)
+  out = sharding.replicated(mesh)
+  donate = 0 if jax.default_backend() != 'cpu' else ()
+  if accumulate == 1:
+    fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
+                                   learning_rate_fn=lr), out_shardings=out, donate_argnums=donate)
+    return lambda state, batches, rng: fn(state, batches[0], rng)
+  grad_fn = jax.jit(functools.partial(grad_step, label_smoothing=t.label_smoothing))
+  add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), donate_argnums=donate)
+  apply_fn = jax.jit(functools.partial(apply_accumulated, learning_rate_fn=lr),
+                     out_shardings=out, donate_argnums=donate)
+
+  def step(state: Any, batches: list, rng: jax.Array) -> tuple[Any, dict]:
+    total = None
+    for i, batch in enumerate(batches):
+      grads = grad_fn(state, batch, jax.random.fold_in(rng, i))
+      total = grads if total is None else add(total, grads)
+    return apply_fn(state, *total)
+  return step
+
+
+def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+                data_position: int, mesh: Any, ckpt: Checkpointer, best: Optional[Checkpointer],
+                writer: MetricWriter, dropout_rng: jax.Array) -> None:
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
   on Ctrl-C the last completed step is checkpointed before the interrupt propagates.
-  `best`, if given, keeps the checkpoint with the highest validation BLEU."""
+  `best`, if given, keeps the checkpoint with the highest validation BLEU. `data_position`
+  counts the micro-batches consumed so far (saved with every checkpoint)."""
   t = config.train
   start = int(state.step)
-  step_fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
-                                      learning_rate_fn=learning_rate_fn(exp.model_cfg, t)),
-                    out_shardings=sharding.replicated(mesh),
-                    donate_argnums=0 if jax.default_backend() != 'cpu' else ())
+  accumulate = accumulation_steps(config)
+  if accumulate > 1:
+    logging.info('Global batch: %d micro-batches of %d tokens per side (about %d tokens)',
+                 accumulate, config.data.tokens_per_batch,
+                 accumulate * config.data.tokens_per_batch)
+  step_fn = _make_step(exp, t, mesh, accumulate)
   progress = Progress(t.num_steps, start, writer, writer.last('wall_s', start))
-  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed, start,
-                                   row_multiple=jax.device_count(),
+  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed,
+                                   data_position, row_multiple=jax.device_count(),
                                    pack_length=config.data.pack_length)
   try:
     for step in range(start + 1, t.num_steps + 1):
-      batch = next(batches)
-      global_batch = sharding.shard_batch(sharding.process_rows(batch), mesh)
-      state, metrics = step_fn(state, global_batch, dropout_rng)
-      metrics['src_tokens'] = np.count_nonzero(batch['src_segments'])
-      progress.add(metrics, batch)
+      micro = [next(batches) for _ in range(accumulate)]
+      state, metrics = step_fn(state, [sharding.shard_batch(sharding.process_rows(b), mesh)
+                                       for b in micro], dropout_rng)
+      data_position += accumulate  # only once the step has completed
+      metrics['src_tokens'] = sum(np.count_nonzero(b['src_segments']) for b in micro)
+      progress.add(metrics, micro)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
-        ckpt.save(step, state)
+        ckpt.save(step, state, data_position=data_position)
       if step % t.eval_every == 0 or step == t.num_steps:
         row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
                             final=step == t.num_steps))
         if best is not None:
-          best.save(step, state, metrics={'eval_bleu': row['eval_bleu']})
+          best.save(step, state, metrics={'eval_bleu': row['eval_bleu']},
+                    data_position=data_position)
         progress.skip_time()
       if row:
         writer.write(step, row)
-  except KeyboardInterrupt:  # `state` is the last completed step's
-    ckpt.save(int(state.step), state, force=True)
+  except KeyboardInterrupt:  # `state` and `data_position` are the last completed step's
+    ckpt.save(int(state.step), state, force=True, data_position=data_position)
     logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))
     raise
   if start >= t.num_steps:  # nothing left to train: report the restored model
