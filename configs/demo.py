@@ -16,6 +16,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.update(source='demo', demo_sizes=(40000, 300, 500), vocab_size=1000,
                 spm_model_type='unigram', max_len=64, tokens_per_batch=2048)
   c.train.update(num_steps=1500, warmup_steps=400, learning_rate_multiplier=2.0,
-                 log_every=100, eval_every=500, checkpoint_every=500)
+                 global_batch_tokens=0, log_every=100, eval_every=500, checkpoint_every=500)
   c.eval.update(bleu_sentences=300)
   return c

@@ -11,7 +11,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.update(source='demo', demo_sizes=(400, 20, 20), vocab_size=200,
                 spm_model_type='unigram', max_len=48, tokens_per_batch=512,
                 bucket_boundaries=(24, 48))
-  c.train.update(num_steps=20, warmup_steps=5, log_every=5, eval_every=10, checkpoint_every=10,
-                 keep_checkpoints=2)
+  c.train.update(num_steps=20, warmup_steps=5, global_batch_tokens=0, log_every=5,
+                 eval_every=10, checkpoint_every=10, keep_checkpoints=2)
   c.eval.update(bleu_sentences=10, max_extra_len=10, tokens_per_batch=512)
   return c

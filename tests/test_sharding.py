@@ -2,6 +2,7 @@
 fixed when JAX starts)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -31,38 +32,52 @@ positions = np.broadcast_to(np.arange(9), (16, 9)).astype(np.int32)
 batch = dict(src=ids, src_segments=segments, src_positions=positions, tgt_in=ids,
              tgt_out=ids, tgt_segments=segments, tgt_positions=positions)
 params = []
-for devices in (jax.devices()[:1], jax.devices()):
+for devices, fsdp in ((jax.devices()[:1], False), (jax.devices(), False), (jax.devices(), True)):
   mesh = sharding.data_mesh(devices)
+  state = create_train_state(cfg, train, jax.random.key(0))
+  placement = (sharding.fsdp_shardings(state, mesh, min_size=64) if fsdp else
+               jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), state))
   step = jax.jit(functools.partial(train_step, label_smoothing=0.1),
-                 out_shardings=sharding.replicated(mesh))
-  state = sharding.replicate(create_train_state(cfg, train, jax.random.key(0)), mesh)
+                 out_shardings=(placement, sharding.replicated(mesh)))
+  state = jax.device_put(state, placement)
   for _ in range(2):
     global_batch = sharding.shard_batch(batch, mesh)
     state, metrics = step(state, global_batch, jax.random.key(1))
   shards = len(global_batch['src'].addressable_shards)
-  print('devices', len(devices), 'shards', shards, 'loss', float(metrics['loss']))
-  params.append(jax.device_get(state.params))
-jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
-                       *params)
+  kernel = state.params['encoder_layers_0']['ffn']['wi']['kernel']  # [32, 64]
+  mu = state.opt_state[0].mu['encoder_layers_0']['ffn']['wi']['kernel']
+  print('devices', len(devices), 'fsdp', fsdp, 'shards', shards, 'kernel shard',
+        kernel.addressable_shards[0].data.shape, 'adam shard', mu.addressable_shards[0].data.shape,
+        'loss', float(metrics['loss']))
+  params.append(sharding.local_copy(state.params))
+for other in params[1:]:
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4),
+                         params[0], other)
 print('SAME')
 '''
 
 
-def test_one_step_on_8_devices_equals_1_device():
+def test_steps_on_8_devices_replicated_or_fsdp_equal_1_device():
   result = subprocess.run([sys.executable, '-c', SAME_STEP_ON_1_AND_8_DEVICES], cwd=ROOT,
                           env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'devices 8 shards 8' in result.stdout and 'SAME' in result.stdout, result.stdout
+  assert 'devices 8 fsdp False shards 8 kernel shard (32, 64)' in result.stdout, result.stdout
+  # FSDP: each device holds 1/8 of the kernel and of its Adam moment, on the larger axis
+  assert 'devices 8 fsdp True shards 8 kernel shard (32, 8) adam shard (32, 8)' in result.stdout
+  assert 'SAME' in result.stdout, result.stdout
 
 
 @pytest.mark.slow
-def test_train_py_runs_data_parallel_on_8_devices_with_packing(tmp_path):
+def test_train_py_runs_fsdp_on_8_devices_with_packing(tmp_path):
+  model = ['--config.model.d_model=128', '--config.model.d_ff=256']  # arrays worth splitting
   result = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir',
                            str(tmp_path / 'run'), '--config.train.num_steps=10',
-                           '--config.data.pack_length=48'], cwd=ROOT,
+                           '--config.data.pack_length=48', '--config.train.shard_params=True',
+                           *model], cwd=ROOT,
                           env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Data parallel over 8 devices' in result.stderr
+  assert re.search(r'FSDP: [1-9]\d* of \d+ state arrays split over 8 devices', result.stderr)
   assert 'step 10/10' in result.stderr and 'eval at step 10' in result.stderr
   # A checkpoint written by 8 devices restores on 1: for decoding, and for resuming training.
   single = dict(os.environ, JAX_PLATFORMS='cpu')
@@ -74,7 +89,8 @@ def test_train_py_runs_data_parallel_on_8_devices_with_packing(tmp_path):
   assert decoded.returncode == 0, decoded.stderr[-3000:]
   assert 'sentences/s' in decoded.stderr
   resumed = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py',
-                            '--workdir', str(tmp_path / 'run'), '--config.train.num_steps=12'],
+                            '--workdir', str(tmp_path / 'run'), '--config.train.num_steps=12',
+                            *model],
                            cwd=ROOT, env=single, capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'Resumed from checkpoint at step 10' in resumed.stderr

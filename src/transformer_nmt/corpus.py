@@ -19,11 +19,16 @@ Lines = tuple[list[str], list[str], data_lib.ReadStats]
 
 @dataclasses.dataclass
 class Corpus:
-  """Raw text of each split; `test` is None when no test files are configured."""
+  """Raw text of each split; `test` is None when no test files are configured.
+
+  `host_sharded`: this process holds only its own share of the training split (tfds with
+  several processes), so its batches are its own rows of the global batch.
+  """
 
   train: Lines
   valid: Lines
   test: Optional[Lines]
+  host_sharded: bool = False
 
 
 def _paths(data_cfg: Any, split: str) -> tuple[str, str]:
@@ -32,6 +37,8 @@ def _paths(data_cfg: Any, split: str) -> tuple[str, str]:
 
 def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   """Reads the configured files (generating the demo corpus first for source='demo')."""
+  if data_cfg.source == 'tfds':
+    return _read_tfds(data_cfg)
   if data_cfg.source == 'demo':
     from transformer_nmt import demo_data  # only the demo needs the generator
     if sharding.is_leader():  # one writer; the other processes read its files
@@ -48,11 +55,24 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
           raise ConfigError(f'data.{split}_{side} is empty: give the {split} file, e.g. '
                             f'--config.data.{split}_{side}=PATH')
   else:
-    raise ConfigError(f"data.source={data_cfg.source!r} must be 'text' or 'demo'")
+    raise ConfigError(f"data.source={data_cfg.source!r} must be 'text', 'tfds' or 'demo'")
   test = paths['test'] if all(paths['test']) else None
   return Corpus(train=data_lib.read_parallel(*paths['train']),
                 valid=data_lib.read_parallel(*paths['valid']),
                 test=data_lib.read_parallel(*test) if test else None)
+
+
+def _read_tfds(data_cfg: Any) -> Corpus:
+  import jax
+
+  from transformer_nmt import tfds_data
+  train, valid, test = data_cfg.tfds_splits
+  count, index = jax.process_count(), jax.process_index()
+  return Corpus(
+      train=tfds_data.read_split(data_cfg, train, data_cfg.max_train_examples, (index, count)),
+      valid=tfds_data.read_split(data_cfg, valid),
+      test=tfds_data.read_split(data_cfg, test) if test else None,
+      host_sharded=count > 1)
 
 
 def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:

@@ -24,10 +24,16 @@ def default_config() -> ml_collections.ConfigDict:
       dtype='float32',  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
   )
   c.data = dict(
-      source='text',  # 'text': the files below; 'demo': generate the built-in corpus
+      source='text',  # 'text': the files below; 'tfds': tensorflow-datasets; 'demo': built-in
       train_src='', train_tgt='', valid_src='', valid_tgt='', test_src='', test_tgt='',
       extra_test_src=(), extra_test_tgt=(),  # more test sets for recipe.py (parallel lists)
       demo_sizes=(40000, 500, 500),  # train/valid/test pairs for source='demo'
+      # source='tfds': the builder, languages (direction) and train/valid/test splits. For
+      # wmt14_translate/de-en the splits are train, validation = newstest2013 and
+      # test = newstest2014 (the paper's); '' as test split = none.
+      tfds_name='wmt14_translate/de-en', src_lang='en', tgt_lang='de',
+      tfds_splits=('train', 'validation', 'test'), tfds_data_dir='',
+      max_train_examples=0,  # > 0: only the first N training pairs (tfds; quick runs)
       spm_model='',  # existing SentencePiece model; '' trains one into the workdir
       joint_vocab=True,  # one SentencePiece model on source+target text
       vocab_size=37000,  # paper: ~37000 shared BPE tokens for en-de
@@ -49,6 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
       # round(global_batch_tokens / data.tokens_per_batch) batches; 0 = one batch per update.
       # The paper's ~25k per side is e.g. 8 GPUs x 3125, or 1 device x 4096 x 6.
       global_batch_tokens=0,
+      shard_params=False,  # True: split params and Adam state over the devices (FSDP)
       seed=0,
       log_every=100,
       eval_every=1000,

@@ -35,6 +35,26 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   return jax.device_put(tree, replicated(mesh))
 
 
+def fsdp_shardings(tree: Any, mesh: Mesh, min_size: int = 2 ** 14) -> Any:
+  """FSDP-style placement: each array of at least `min_size` elements is split over the data
+  axis along its largest dimension that the mesh divides; smaller ones are replicated.
+
+  Each device then holds 1/N of the parameters and Adam moments; XLA all-gathers a weight
+  where a layer needs it and reduce-scatters its gradient (ZeRO-3 in effect).
+  """
+  def place(x: Any) -> NamedSharding:
+    shape = getattr(x, 'shape', ())
+    if int(np.prod(shape)) < min_size:
+      return replicated(mesh)
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+      if shape[dim] % mesh.size == 0:
+        spec = [None] * len(shape)
+        spec[dim] = DATA_AXIS
+        return NamedSharding(mesh, PartitionSpec(*spec))
+    return replicated(mesh)
+  return jax.tree_util.tree_map(place, tree)
+
+
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Host arrays [B_local, ...] of this process -> global arrays [B_local * processes, ...]
   split over the data axis. B_local must be a multiple of this process's device count."""
@@ -56,9 +76,18 @@ def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def local_copy(tree: Any) -> Any:
-  """Host copy of a replicated pytree, readable in every process (e.g. for evaluation)."""
-  return jax.tree_util.tree_map(
-      lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else x, tree)
+  """Host copy of a pytree, readable in every process (e.g. for evaluation); sharded arrays
+  (FSDP) are gathered first."""
+  def copy(x: Any) -> Any:
+    if not isinstance(x, jax.Array):
+      return x
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    if x.is_fully_addressable:
+      return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return jax.tree_util.tree_map(copy, tree)
 
 
 def barrier(name: str) -> None:

@@ -72,11 +72,17 @@ class Experiment:
   valid_refs: list[str]
   test_refs: Optional[list[str]]
   evaluator: Evaluator
+  host_sharded: bool = False  # train holds this process's share only (see corpus.Corpus)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experiment:
   """Reads data, sets up tokenizers in the workdir and writes the resolved config."""
   validate_config(config)
+  if (config.data.source == 'tfds' and jax.process_count() > 1
+      and not config.data.pack_length):
+    raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
+                      'set data.pack_length (e.g. 256) so that every process builds batches of '
+                      'the same shape')
   corpus = corpus_lib.read_corpus(config.data, workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
@@ -94,7 +100,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
   evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok,
                         config.eval.tokens_per_batch, config.eval.max_extra_len)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
-                    corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator)
+                    corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator,
+                    corpus.host_sharded)
 
 
 def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
@@ -206,8 +213,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    _train_loop(exp, config, sharding.replicate(state, mesh), data_position, mesh, ckpt, best,
-                writer, jax.random.fold_in(rng, 1))
+    placement = state_shardings(state, config, mesh)
+    _train_loop(exp, config, jax.device_put(state, placement), placement, data_position, mesh,
+                ckpt, best, writer, jax.random.fold_in(rng, 1))
   finally:
     ckpt.close()
     if best is not None:
@@ -215,16 +223,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     writer.close()
 
 
+def state_shardings(state: Any, config: ml_collections.ConfigDict, mesh: Any) -> Any:
+  """Where the train state lives: replicated on every device, or with train.shard_params
+  split over the data axis (FSDP)."""
+  if config.train.shard_params:
+    placement = sharding.fsdp_shardings(state, mesh)
+    split = [p for p in jax.tree_util.tree_leaves(placement) if not p.is_fully_replicated]
+    logging.info('FSDP: %d of %d state arrays split over %d devices', len(split),
+                 len(jax.tree_util.tree_leaves(placement)), mesh.size)
+    return placement
+  return jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), state)
+
+
 def accumulation_steps(config: ml_collections.ConfigDict) -> int:
   """Micro-batches per update: train.global_batch_tokens / data.tokens_per_batch, rounded."""
   return max(1, round(config.train.global_batch_tokens / config.data.tokens_per_batch))
 
 
-def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any,
-               accumulate: int) -> Callable[[Any, list, jax.Array], tuple[Any, dict]]:
-  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches."""
+def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any, accumulate: int,
+               placement: Any) -> Callable[[Any, list, jax.Array], tuple[Any, dict]]:
+  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches;
+  the new state keeps the shardings `placement`."""
   lr = learning_rate_fn(exp.model_cfg, t)
-  out = sharding.replicated(mesh)
+  out = (placement, sharding.replicated(mesh))
   donate = 0 if jax.default_backend() != 'cpu' else ()
   if accumulate == 1:
     fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
@@ -245,7 +266,8 @@ def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any,
 
 
 def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
-                data_position: int, mesh: Any, ckpt: Checkpointer, best: Optional[Checkpointer],
+                placement: Any, data_position: int, mesh: Any, ckpt: Checkpointer,
+                best: Optional[Checkpointer],
                 writer: MetricWriter, dropout_rng: jax.Array) -> None:
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
   on Ctrl-C the last completed step is checkpointed before the interrupt propagates.
@@ -258,16 +280,21 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
     logging.info('Global batch: %d micro-batches of %d tokens per side (about %d tokens)',
                  accumulate, config.data.tokens_per_batch,
                  accumulate * config.data.tokens_per_batch)
-  step_fn = _make_step(exp, t, mesh, accumulate)
+  step_fn = _make_step(exp, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer, writer.last('wall_s', start))
-  batches = data_lib.train_batches(exp.train, config.data.tokens_per_batch, t.seed,
-                                   data_position, row_multiple=jax.device_count(),
-                                   pack_length=config.data.pack_length)
+  if exp.host_sharded:  # each process batches its own shard: its rows of the global batch
+    tokens, devices, own_rows = (config.data.tokens_per_batch // jax.process_count(),
+                                 jax.local_device_count(), lambda b: b)
+  else:  # every process plans the same global batch and takes its rows
+    tokens, devices, own_rows = (config.data.tokens_per_batch, jax.device_count(),
+                                 sharding.process_rows)
+  batches = data_lib.train_batches(exp.train, tokens, t.seed, data_position,
+                                   row_multiple=devices, pack_length=config.data.pack_length)
   try:
     for step in range(start + 1, t.num_steps + 1):
       micro = [next(batches) for _ in range(accumulate)]
-      state, metrics = step_fn(state, [sharding.shard_batch(sharding.process_rows(b), mesh)
-                                       for b in micro], dropout_rng)
+      state, metrics = step_fn(state, [sharding.shard_batch(own_rows(b), mesh) for b in micro],
+                               dropout_rng)
       data_position += accumulate  # only once the step has completed
       metrics['src_tokens'] = sum(np.count_nonzero(b['src_segments']) for b in micro)
       progress.add(metrics, micro)

@@ -1,0 +1,66 @@
+"""Parallel text from tensorflow-datasets (WMT14/WMT17 and other translate builders).
+
+Reads through `tfds.data_source` (random access to prepared ArrayRecord files), which needs no
+TensorFlow; preparing the WMT datasets once (`tfds build wmt14_translate/de-en`) does. With
+several processes each one reads only its own even share of the training split.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from transformer_nmt import data as data_lib
+from transformer_nmt.errors import ConfigError, DataError
+
+
+def _tfds() -> Any:
+  try:
+    import tensorflow_datasets as tfds
+    import tensorflow_datasets.translate  # noqa: F401  registers the WMT builders without TF
+  except ImportError:
+    raise ConfigError("data.source='tfds' needs tensorflow-datasets: "
+                      'pip install "tensorflow-datasets>=4.9.10,<5"') from None
+  return tfds
+
+
+def _as_text(value: Any) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def read_split(data_cfg: Any, split: str, limit: int = 0,
+               shard: tuple[int, int] = (0, 1)) -> tuple[list[str], list[str], data_lib.ReadStats]:
+  """(source lines, target lines, stats) of one split; pairs with an empty side are skipped
+  and counted, newlines inside a sentence become spaces.
+
+  `limit` > 0 keeps the first `limit` examples. `shard` = (index, count) reads only the
+  index-th of `count` contiguous, even shares (random access: nothing else is read).
+  """
+  tfds = _tfds()
+  try:
+    source = tfds.data_source(data_cfg.tfds_name, split=split,
+                              data_dir=data_cfg.tfds_data_dir or None)
+  except Exception as e:  # not prepared, unknown name or split: tfds raises many kinds
+    raise DataError(f'cannot read tfds {data_cfg.tfds_name!r} split {split!r}: '
+                    f'{type(e).__name__}: {str(e).splitlines()[0][:300]} (prepare it once '
+                    f'with: tfds build {data_cfg.tfds_name.split("/")[0]})') from None
+  n = len(source) if not limit else min(limit, len(source))
+  index, count = shard
+  begin, end = index * n // count, (index + 1) * n // count
+  src, tgt = [], []
+  stats = data_lib.ReadStats(lines=end - begin)
+  for i in range(begin, end):
+    example = source[i]
+    if data_cfg.src_lang not in example or data_cfg.tgt_lang not in example:
+      raise ConfigError(f'{data_cfg.tfds_name} has features {sorted(example)}; set '
+                        'data.src_lang and data.tgt_lang to two of them')
+    s, t = (' '.join(_as_text(example[lang]).split())
+            for lang in (data_cfg.src_lang, data_cfg.tgt_lang))
+    if s and t:
+      src.append(s)
+      tgt.append(t)
+  stats.kept = len(src)
+  stats.empty = stats.lines - len(src)
+  logging.info('tfds %s[%s] share %d/%d: %d pairs (%d with an empty side skipped)',
+               data_cfg.tfds_name, split, index + 1, count, stats.kept, stats.empty)
+  return src, tgt, stats

@@ -1,0 +1,51 @@
+"""data.source='tfds' with tfds.testing.mock_data: no download, no TensorFlow."""
+
+import json
+
+import pytest
+
+tfds = pytest.importorskip('tensorflow_datasets')
+
+from configs import tiny  # noqa: E402
+from transformer_nmt import tfds_data, trainer  # noqa: E402
+from transformer_nmt.errors import ConfigError, DataError  # noqa: E402
+
+
+def tfds_config(**data):
+  c = tiny.get_config()
+  settings = dict(source='tfds', tfds_name='wmt14_translate/de-en', src_lang='de',
+                  tgt_lang='en', vocab_size=60, max_len=48)
+  c.data.update({**settings, **data})
+  c.train.update(num_steps=4, log_every=2, eval_every=4, checkpoint_every=4)
+  c.eval.update(bleu_sentences=4)
+  return c
+
+
+def test_train_on_mock_wmt14_de_to_en(tmp_path):
+  with tfds.testing.mock_data(num_examples=24):
+    trainer.train_and_evaluate(tfds_config(), str(tmp_path / 'run'))
+  rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['step'] for r in rows if 'train_loss' in r] == [2, 4]
+  assert {'eval_loss', 'eval_bleu', 'valid_bleu', 'test_bleu'} <= set(rows[-1])
+  assert (tmp_path / 'run' / 'checkpoints' / '4').is_dir()
+  assert (tmp_path / 'run' / 'spm.model').exists()
+
+
+def test_each_process_reads_its_own_share_of_the_training_split():
+  c = tfds_config(tfds_name='wmt17_translate/de-en')
+  with tfds.testing.mock_data(num_examples=10):
+    whole = tfds_data.read_split(c.data, 'train')
+    shares = [tfds_data.read_split(c.data, 'train', shard=(i, 3)) for i in range(3)]
+    first = tfds_data.read_split(c.data, 'train', limit=4)
+  assert [len(s[0]) for s in shares] == [3, 3, 4]
+  assert first[0] == whole[0][:4]
+  assert sum((s[0] for s in shares), []) == whole[0]  # disjoint, in order, nothing lost
+  assert sum((s[1] for s in shares), []) == whole[1]
+
+
+def test_bad_tfds_settings_give_clear_errors(tmp_path):
+  with tfds.testing.mock_data(num_examples=4):
+    with pytest.raises(ConfigError, match=r"features \['de', 'en'\]"):
+      tfds_data.read_split(tfds_config(src_lang='fr').data, 'train')
+  with pytest.raises(DataError, match='tfds build wmt14_translate'):
+    tfds_data.read_split(tfds_config(tfds_data_dir=str(tmp_path)).data, 'train')
