@@ -113,3 +113,17 @@ def test_recipe_rejects_bad_flags(tmp_path):
   assert 'error: --alphas=0.6,abc: expected numbers' in result.stderr
   assert 'Traceback' not in result.stderr
   assert not (tmp_path / 'run').exists()
+
+
+def test_plot_command_writes_curves_and_attention(tiny_workdir, tmp_path):
+  test_src = tiny_workdir / 'demo_data' / 'test.en'
+  result = subprocess.run([sys.executable, 'plot.py', '--workdir', str(tiny_workdir),
+                           '--out_dir', str(tmp_path / 'p'), '--input', str(test_src),
+                           '--sentences', '2', '--beam_size', '1'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert sorted(p.name for p in (tmp_path / 'p').iterdir()) == [
+      'attention_1.png', 'attention_2.png', 'curves.png']
+  missing = subprocess.run([sys.executable, 'plot.py', '--workdir', str(tmp_path / 'nothing')],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert missing.returncode == 2 and 'metrics.jsonl is missing' in missing.stderr

@@ -1,0 +1,56 @@
+"""Plots for a training workdir: learning curves from metrics.jsonl and, with --input,
+encoder-decoder attention heatmaps of its first sentences.
+
+    python plot.py --workdir runs/m30k_1h_en_de --out_dir plots \
+        --input ../shared/data/multi30k/test2016.en --sentences 3
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+
+from transformer_nmt.cli import fail, quiet_logging
+from transformer_nmt.errors import UserError
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
+_OUT = flags.DEFINE_string('out_dir', None, 'Where the PNGs go (default: WORKDIR/plots).')
+_INPUT = flags.DEFINE_string('input', None, 'Source sentences for attention heatmaps.')
+_SENTENCES = flags.DEFINE_integer('sentences', 3, 'How many sentences to plot.')
+_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the translations plotted.')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  quiet_logging()
+  try:
+    run()
+  except UserError as e:
+    fail(str(e))
+
+
+def run() -> None:
+  from transformer_nmt import data as data_lib
+  from transformer_nmt import plots
+  from transformer_nmt.errors import DataError
+  from transformer_nmt.metrics import read_metrics
+  workdir = pathlib.Path(_WORKDIR.value)
+  rows = read_metrics(workdir / 'metrics.jsonl')
+  if not rows:
+    raise DataError(f'{workdir / "metrics.jsonl"} is missing or empty: is {workdir} a workdir?')
+  out = pathlib.Path(_OUT.value) if _OUT.value else workdir / 'plots'
+  paths = [plots.plot_learning_curves(rows, out / 'curves.png', title=workdir.name)]
+  if _INPUT.value:
+    from transformer_nmt.inference import Translator, load_workdir
+    model = load_workdir(workdir)
+    lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
+    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value)
+    hyps = translator.translate_lines(model.params, lines)
+    paths += plots.plot_cross_attention(model, lines, hyps, out, _SENTENCES.value)
+  for path in paths:
+    print(f'wrote {path}', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main)
