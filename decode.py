@@ -9,8 +9,7 @@ import time
 
 from absl import app, flags
 
-from transformer_nmt.cli import fail, quiet_logging
-from transformer_nmt.errors import UserError
+from transformer_nmt.cli import main_running
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
@@ -67,16 +66,6 @@ class _Progress:
       self.next += max(1, self.total // 10)
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_logging()
-  try:
-    run()
-  except UserError as e:
-    fail(str(e))
-
-
 def run() -> None:
   from transformer_nmt import metrics
   from transformer_nmt.errors import DataError
@@ -118,4 +107,4 @@ def run() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main_running(run))

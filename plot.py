@@ -10,24 +10,13 @@ import sys
 
 from absl import app, flags
 
-from transformer_nmt.cli import fail, quiet_logging
-from transformer_nmt.errors import UserError
+from transformer_nmt.cli import main_running
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _OUT = flags.DEFINE_string('out_dir', None, 'Where the PNGs go (default: WORKDIR/plots).')
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences for attention heatmaps.')
 _SENTENCES = flags.DEFINE_integer('sentences', 3, 'How many sentences to plot.')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the translations plotted.')
-
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_logging()
-  try:
-    run()
-  except UserError as e:
-    fail(str(e))
 
 
 def run() -> None:
@@ -53,4 +42,4 @@ def run() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main_running(run))

@@ -40,6 +40,8 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
                                 'replacing its bench/train.py section.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: run one variant and print JSON.')
 _OVERRIDES = flags.DEFINE_multi_string('set', [], 'Model override KEY=VALUE (e.g. num_layers=6).')
+_SECTION = flags.DEFINE_string('section', '', 'Name suffix of the RESULTS.md section to replace '
+                               '(several model sizes side by side).')
 
 
 # ----------------------------------------------------------------------------- shared setup
@@ -158,23 +160,8 @@ def _jax_peak_memory_mb() -> float:
 
 
 def jax_batch(vocab: int) -> dict:
-  import numpy as np
   import jax.numpy as jnp
-  batch, length = _BATCH.value, _LENGTH.value
-  src_lens, tgt_lens = fixed_lengths(batch, length)
-  rng = np.random.default_rng(1)
-  out = {}
-  for side, lens in (('src', src_lens), ('tgt', tgt_lens)):
-    seg = (np.arange(length)[None, :] < lens[:, None]).astype(np.int32)
-    ids = rng.integers(4, vocab, (batch, length)) * seg
-    out[f'{side}_segments'] = seg
-    out[f'{side}_positions'] = np.arange(length)[None, :].repeat(batch, 0) * seg
-    if side == 'src':
-      out['src'] = ids
-    else:
-      out['tgt_out'] = ids
-      out['tgt_in'] = np.concatenate([np.full((batch, 1), 2), ids[:, :-1]], axis=1) * seg
-  return {k: jnp.asarray(v, jnp.int32) for k, v in out.items()}
+  return {k: jnp.asarray(v, jnp.int32) for k, v in numpy_batch(vocab).items()}
 
 
 # ----------------------------------------------------------------------------- PyTorch
@@ -220,7 +207,7 @@ def run_torch(dtype: str) -> dict:
 
   model = Model()
   opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-  b = {k: torch.from_numpy(np.asarray(val)).long() for k, val in jax_free_batch(v).items()}
+  b = {k: torch.from_numpy(val).long() for k, val in numpy_batch(v).items()}
   causal = torch.nn.Transformer.generate_square_subsequent_mask(_LENGTH.value)
 
   def one() -> None:
@@ -240,17 +227,18 @@ def run_torch(dtype: str) -> dict:
   return result
 
 
-def jax_free_batch(vocab: int) -> dict:
-  """The same batch as jax_batch, built with numpy only."""
+def numpy_batch(vocab: int) -> dict:
+  """The fixed benchmark batch (all batch keys of steps.train_step) as numpy arrays."""
   import numpy as np
   batch, length = _BATCH.value, _LENGTH.value
   src_lens, tgt_lens = fixed_lengths(batch, length)
   rng = np.random.default_rng(1)
   out = {}
   for side, lens in (('src', src_lens), ('tgt', tgt_lens)):
-    seg = (np.arange(length)[None, :] < lens[:, None]).astype(np.int64)
+    seg = (np.arange(length)[None, :] < lens[:, None]).astype(np.int32)
     ids = rng.integers(4, vocab, (batch, length)) * seg
     out[f'{side}_segments'] = seg
+    out[f'{side}_positions'] = np.arange(length)[None, :].repeat(batch, 0) * seg
     if side == 'src':
       out['src'] = ids
     else:
@@ -341,7 +329,8 @@ def main(argv: list[str]) -> None:
   print(text)
   if _MARKDOWN.value:
     from bench_markdown import write_section
-    write_section(pathlib.Path(_MARKDOWN.value), 'bench/train.py', text)
+    name = 'bench/train.py' + (f' {_SECTION.value}' if _SECTION.value else '')
+    write_section(pathlib.Path(_MARKDOWN.value), name, text)
 
 
 if __name__ == '__main__':

@@ -40,3 +40,20 @@ def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
       # config_flags raises these for unknown keys, bad override values and broken files
       fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
   return parse
+
+
+def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
+  """An absl `main` that rejects stray arguments, quiets logging and reports UserErrors
+  (bad files, options, workdirs) in one line."""
+  def main(argv: list[str]) -> None:
+    from absl import app
+
+    from transformer_nmt.errors import UserError
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    quiet_logging()
+    try:
+      run()
+    except UserError as e:
+      fail(str(e))
+  return main
