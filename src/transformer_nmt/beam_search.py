@@ -87,7 +87,14 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
                                  keep[:, :, None], axis=1)
   return BeamState(t=s.t + 1, seqs=jnp.take_along_axis(seqs, live[:, :, None], axis=1),
                    logprobs=live_logp, finished=finished, scores=scores,
-                   cache=gather_beams(cache, jnp.take_along_axis(beam, live, axis=1)))
+                   cache=_reorder(cache, jnp.take_along_axis(beam, live, axis=1)))
+
+
+def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
+  """gather_beams over the cache, or over the parts it says differ between beams (a cache
+  with a `reorder_beams(gather)` method, such as model.DecoderCache)."""
+  gather = lambda tree: gather_beams(tree, beam_idx)  # noqa: E731
+  return cache.reorder_beams(gather) if hasattr(cache, 'reorder_beams') else gather(cache)
 
 
 def is_done(s: BeamState, max_lens: jax.Array, alpha: float) -> jax.Array:

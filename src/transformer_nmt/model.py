@@ -7,7 +7,7 @@ at 0 for every sequence), so padded and packed batches use the same code.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -116,6 +116,11 @@ class DecoderCache:
   @property
   def index(self) -> jax.Array:
     return self.self_attention[0].index
+
+  def reorder_beams(self, gather: Callable[[Any], Any]) -> DecoderCache:
+    """Beam search's reordering: only the self-attention K/V differ between the beams of a
+    sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
+    return self.replace(self_attention=gather(self.self_attention))
 
 
 def _default_positions(ids: jax.Array) -> jax.Array:
