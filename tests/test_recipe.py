@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from transformer_nmt.checkpoint import Checkpointer
+from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.inference import load_workdir
 from transformer_nmt.metrics import read_metrics
 from transformer_nmt.plots import plot_learning_curves, series
@@ -30,6 +30,7 @@ def test_best_checkpoint_is_the_highest_validation_bleu(tiny_workdir):
 
 def test_best_checkpointer_keeps_the_highest_metric_not_the_latest(tmp_path):
   import flax
+  import jax
   import jax.numpy as jnp
 
   @flax.struct.dataclass
@@ -41,7 +42,7 @@ def test_best_checkpointer_keeps_the_highest_metric_not_the_latest(tmp_path):
   ckpt = Checkpointer(tmp_path / 'best', keep=1, best_metric='eval_bleu')
   for step, bleu in ((1, 5.0), (2, 9.0), (3, 7.0)):
     ckpt.save(step, State({'w': jnp.full((2,), float(step))}, {}, jnp.int32(step)),
-              metrics={'eval_bleu': bleu})
+              loop_state(step, jax.random.key(step)), metrics={'eval_bleu': bleu})
   ckpt.close()
   kept = Checkpointer(tmp_path / 'best', read_only=True)
   assert kept.all_steps() == [2]

@@ -14,10 +14,11 @@ from transformer_nmt.errors import DataError
 
 
 class Checkpointer:
-  """Saves {params, opt_state, step, data_position} under `workdir/checkpoints/<step>`.
+  """Saves {params, opt_state, step, loop} under `workdir/checkpoints/<step>`.
 
-  `data_position` is how many (micro-)batches the input pipeline has handed out, so a resumed
-  run continues with exactly the batch an uninterrupted run would have seen next.
+  `loop` holds the rest of the training loop's state (see `loop_state`): the dropout key and
+  how many (micro-)batches the input pipeline has handed out, so a resumed run continues with
+  exactly the randomness and the batch an uninterrupted run would have used next.
 
   Orbax writes each step into a temporary directory and renames it when complete, so an
   interrupted save never looks like a checkpoint.
@@ -40,21 +41,22 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def save(self, step: int, state: Any, force: bool = False,
-           metrics: Optional[dict[str, float]] = None, data_position: int = 0) -> None:
-    """Starts an asynchronous save of `state`; with `force`, also when `step` is already saved."""
+  def save(self, step: int, state: Any, loop: dict[str, np.ndarray], force: bool = False,
+           metrics: Optional[dict[str, float]] = None) -> None:
+    """Starts an asynchronous save of `state` and `loop`; with `force`, also when `step` is
+    already saved."""
     if force and step in self._manager.all_steps():
       return
-    payload = dict(_payload(state), data_position=np.int32(data_position))
+    payload = dict(_payload(state), loop=loop)
     self._manager.save(step, args=ocp.args.StandardSave(payload), force=force, metrics=metrics)
 
   def metrics(self, step: int) -> Optional[dict[str, float]]:
     """The metrics saved with checkpoint `step` (None if it was saved without)."""
     return self._manager.metrics(step)
 
-  def restore_latest_readable(self, state: Any) -> Optional[tuple[Any, int]]:
-    """(state, data_position) of the newest checkpoint that reads back, saying which ones it
-    had to skip.
+  def restore_latest_readable(self, state: Any) -> Optional[tuple[Any, dict]]:
+    """(state, loop) of the newest checkpoint that reads back, saying which ones it had to
+    skip.
 
     A checkpoint damaged after it was written (truncated or missing files) is skipped with a
     warning in favour of the one before it; None when there is no checkpoint at all.
@@ -70,15 +72,16 @@ class Checkpointer:
                       'checkpoints away to start afresh')
     return None
 
-  def restore(self, state: Any, step: Optional[int] = None) -> tuple[Any, int]:
-    """(state, data_position) restored into the structure (and shardings) of `state`; latest
-    step by default."""
+  def restore(self, state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
+    """(state, loop) restored into the structure (and shardings) of `state`; latest step by
+    default."""
     step = self.latest_step() if step is None else step
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
-    abstract['data_position'] = jax.ShapeDtypeStruct((), np.int32)
+    abstract['loop'] = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct,
+                                              loop_state(0, jax.random.key(0)))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    position = int(restored.pop('data_position'))
-    return state.replace(**restored), position
+    loop = jax.tree_util.tree_map(np.asarray, restored.pop('loop'))
+    return state.replace(**restored), loop
 
   def restore_params(self, step: int) -> Any:
     """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed).
@@ -96,6 +99,12 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def loop_state(data_position: int, dropout_key: jax.Array) -> dict[str, np.ndarray]:
+  """The training loop's state besides the train state, as host arrays for a checkpoint."""
+  return {'data_position': np.asarray(data_position, np.int32),
+          'dropout_key': np.asarray(jax.random.key_data(dropout_key))}
 
 
 def _payload(state: Any) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 from transformer_nmt import corpus as corpus_lib
 from transformer_nmt import data as data_lib
 from transformer_nmt import sharding
-from transformer_nmt.checkpoint import Checkpointer
+from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.config import ModelConfig, check_sections, model_config_from_dict
 from transformer_nmt.defaults import default_config
 from transformer_nmt.errors import ConfigError
@@ -204,9 +204,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
   best = Checkpointer(workdir_path / 'best', keep=1, best_metric='eval_bleu') if t.keep_best \
       else None
-  restored, data_position = ckpt.restore_latest_readable(state), 0
+  restored = ckpt.restore_latest_readable(state)
+  data_position, dropout_key = 0, jax.random.fold_in(rng, 1)
   if restored is not None:
-    state, data_position = restored
+    state, loop = restored
+    data_position = int(loop['data_position'])
+    dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
   mesh = sharding.data_mesh()
@@ -215,7 +218,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   try:
     placement = state_shardings(state, config, mesh)
     _train_loop(exp, config, jax.device_put(state, placement), placement, data_position, mesh,
-                ckpt, best, writer, jax.random.fold_in(rng, 1))
+                ckpt, best, writer, dropout_key)
   finally:
     ckpt.close()
     if best is not None:
@@ -272,7 +275,8 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
   on Ctrl-C the last completed step is checkpointed before the interrupt propagates.
   `best`, if given, keeps the checkpoint with the highest validation BLEU. `data_position`
-  counts the micro-batches consumed so far (saved with every checkpoint)."""
+  counts the micro-batches consumed so far; it and `dropout_rng` are saved with every
+  checkpoint."""
   t = config.train
   start = int(state.step)
   accumulate = accumulation_steps(config)
@@ -300,18 +304,18 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
       progress.add(metrics, micro)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
-        ckpt.save(step, state, data_position=data_position)
+        ckpt.save(step, state, loop_state(data_position, dropout_rng))
       if step % t.eval_every == 0 or step == t.num_steps:
         row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
                             final=step == t.num_steps))
         if best is not None:
-          best.save(step, state, metrics={'eval_bleu': row['eval_bleu']},
-                    data_position=data_position)
+          best.save(step, state, loop_state(data_position, dropout_rng),
+                    metrics={'eval_bleu': row['eval_bleu']})
         progress.skip_time()
       if row:
         writer.write(step, row)
   except KeyboardInterrupt:  # `state` and `data_position` are the last completed step's
-    ckpt.save(int(state.step), state, force=True, data_position=data_position)
+    ckpt.save(int(state.step), state, loop_state(data_position, dropout_rng), force=True)
     logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))
     raise
   if start >= t.num_steps:  # nothing left to train: report the restored model
