@@ -13,6 +13,14 @@ def quiet_logging() -> None:
   logging.getLogger().setLevel(logging.INFO)
   logging.getLogger('absl').setLevel(logging.WARNING)
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # 'no TPU' notice on CPU
+  absl_logging.get_absl_handler().addFilter(_drop_read_only_notices)
+
+
+def _drop_read_only_notices(record: logging.LogRecord) -> bool:
+  """Orbax warns on every read-only checkpoint manager (decoding, selection); nothing to act on."""
+  message = str(record.msg)
+  return not (message.startswith('CheckpointManagerOptions.read_only=True')
+              or message.startswith('Given directory is read only'))
 
 
 def fail(message: str) -> NoReturn:
