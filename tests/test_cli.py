@@ -58,6 +58,8 @@ def _assert_clean_failure(result: subprocess.CompletedProcess, message: str) -> 
     ('--config.train.label_smoothing=1.5', 'train.label_smoothing=1.5 must be in [0, 1)'),
     ('--config.model.norm_position=middle', "model.norm_position='middle'"),
     ('--config.model.no_such_key=1', 'no_such_key'),
+    ('--config.train.global_batch_tokens=-1', 'train.global_batch_tokens=-1 must be 0'),
+    ('--config=configs/multi30k.py:xx-de', "direction 'xx-de': expected SOURCE-TARGET"),
 ])
 def test_bad_config_values_fail_cleanly_and_write_nothing(tmp_path, flag, message):
   workdir = tmp_path / 'run'
