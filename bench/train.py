@@ -169,7 +169,6 @@ def jax_batch(vocab: int) -> dict:
 def run_torch(dtype: str) -> dict:
   import math
 
-  import numpy as np
   import torch
   import torch.nn.functional as F
 
