@@ -268,6 +268,20 @@ def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any, accumul
   return step
 
 
+def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
+                    data_position: int) -> tuple[Any, Callable[[dict], dict]]:
+  """(host batches from `data_position` on, the function picking this process's rows)."""
+  if exp.host_sharded:  # each process batches its own shard: its rows of the global batch
+    tokens, devices, own_rows = (config.data.tokens_per_batch // jax.process_count(),
+                                 jax.local_device_count(), lambda b: b)
+  else:  # every process plans the same global batch and takes its rows
+    tokens, devices, own_rows = (config.data.tokens_per_batch, jax.device_count(),
+                                 sharding.process_rows)
+  batches = data_lib.train_batches(exp.train, tokens, config.train.seed, data_position,
+                                   row_multiple=devices, pack_length=config.data.pack_length)
+  return batches, own_rows
+
+
 def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                 placement: Any, data_position: int, mesh: Any, ckpt: Checkpointer,
                 best: Optional[Checkpointer],
@@ -286,14 +300,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                  accumulate * config.data.tokens_per_batch)
   step_fn = _make_step(exp, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer, writer.last('wall_s', start))
-  if exp.host_sharded:  # each process batches its own shard: its rows of the global batch
-    tokens, devices, own_rows = (config.data.tokens_per_batch // jax.process_count(),
-                                 jax.local_device_count(), lambda b: b)
-  else:  # every process plans the same global batch and takes its rows
-    tokens, devices, own_rows = (config.data.tokens_per_batch, jax.device_count(),
-                                 sharding.process_rows)
-  batches = data_lib.train_batches(exp.train, tokens, t.seed, data_position,
-                                   row_multiple=devices, pack_length=config.data.pack_length)
+  batches, own_rows = _input_pipeline(exp, config, data_position)
   try:
     for step in range(start + 1, t.num_steps + 1):
       micro = [next(batches) for _ in range(accumulate)]
