@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, beam_search, greedy_search, init_params, length_penalty
+from transformer_nmt.decoding import cache_stages
 from transformer_nmt.translate import CACHE_MODES, translate
 
 PAD, BOS, EOS = 0, 1, 2
@@ -163,3 +164,47 @@ def test_filler_rows_end_at_once(model, beam_size):
   real = np.asarray(translate(cfg, params, src[:2], seg[:2], bos_id=BOS, eos_id=3, pad_id=PAD,
                               beam_size=beam_size, max_extra_len=6))
   np.testing.assert_array_equal(out[:2], real)
+
+
+def test_cache_stages_double_from_two_chunks():
+  assert cache_stages(88, 8) == [16, 32, 64, 88]
+  assert cache_stages(16, 8) == [16]
+  assert cache_stages(6, 2) == [4, 6]
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_growing_cache_matches_full_length_cache(model, beam_size):
+  """Decoding over caches that grow in stages (4, 8, 16, 24 positions with chunk 2) gives the
+  full-length cache's output, and the outputs run past the first stages."""
+  cfg, params, src, seg = model
+  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, beam_size=beam_size, max_extra_len=18, chunk=2)
+  grown, full = (np.asarray(translate(cfg, params, src, seg, grow_cache=grow, **kw))
+                 for grow in (True, False))
+  np.testing.assert_array_equal(grown, full)
+  lengths = [list(row).index(3) if 3 in row else len(row) for row in grown]
+  assert max(lengths) > 8, lengths  # the search went on into the third stage
+
+
+def test_step_ranks_every_extension_of_every_beam():
+  """One step against a ranking of all K * V extensions: live beams are the best K non-EOS
+  extensions; a row at its length limit finishes with its best EOS extension."""
+  from transformer_nmt.beam_search import init_state, step
+  batch, k, vocab, t = 3, 3, 20, 2
+  rng = np.random.default_rng(0)
+  logits = rng.normal(scale=3.0, size=(batch * k, vocab)).astype(np.float32)
+  logprobs = rng.normal(-2.0, 1.0, size=(batch, k)).astype(np.float32)
+  logprobs[2, 1] = -1.0e9  # an empty beam
+  state = init_state(jnp.zeros((batch,)), batch, k, 6, PAD).replace(
+      t=jnp.int32(t), logprobs=jnp.asarray(logprobs))
+  max_lens = jnp.array([10, t + 1, 10])  # row 1 reaches its limit at this step
+  out = step(state, lambda ids, c: (jnp.asarray(logits), c), max_lens, alpha=0.6, bos_id=BOS,
+             eos_id=EOS)
+  total = logprobs[:, :, None] + np.asarray(jax.nn.log_softmax(logits)).reshape(batch, k, vocab)
+  for row in (0, 2):
+    flat = np.where(np.arange(vocab) == EOS, -np.inf, total[row]).ravel()
+    best = np.argsort(-flat, kind='stable')[:k]
+    np.testing.assert_allclose(np.asarray(out.logprobs)[row], flat[best], rtol=1e-5)
+    assert np.asarray(out.seqs)[row, :, t].tolist() == (best % vocab).tolist()
+  eos_scores = total[1, :, EOS] / float(length_penalty(t + 1, 0.6))
+  np.testing.assert_allclose(np.asarray(out.scores)[1, 0], eos_scores.max(), rtol=1e-5)
+  assert np.asarray(out.finished)[1, 0, t] == EOS

@@ -112,6 +112,14 @@ class KVCache:
     v_all = jax.lax.dynamic_update_slice_in_dim(self.v, v.astype(self.v.dtype), self.index, axis=1)
     return KVCache(k_all, v_all, self.index + 1)
 
+  def resize(self, length: int) -> KVCache:
+    """The cache with room for `length` positions: cut, or extended with zeros."""
+    extra = length - self.k.shape[1]
+    if extra <= 0:
+      return KVCache(self.k[:, :length], self.v[:, :length], self.index)
+    pad = ((0, 0), (0, extra), (0, 0), (0, 0))
+    return KVCache(jnp.pad(self.k, pad), jnp.pad(self.v, pad), self.index)
+
   def valid_mask(self) -> jax.Array:
     """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
     return (jnp.arange(self.k.shape[1]) < self.index)[None, None, None, :]

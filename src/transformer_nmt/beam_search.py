@@ -70,12 +70,14 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   batch, k, _ = s.seqs.shape
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
   logits, cache = logits_fn(prev.reshape(-1), s.cache)  # [B*K, V]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)  # [B, K, V]
-  at_limit = (s.t + 1 >= max_lens)[:, None, None]  # force EOS at each row's length limit
-  logp = jnp.where(at_limit & (jnp.arange(logp.shape[-1]) != eos_id), NEG_INF, logp)
-  total = (s.logprobs[:, :, None] + logp).reshape(batch, -1)  # [B, K*V]
-  cand_logp, cand = jax.lax.top_k(total, 2 * k)  # 2K: K finishing beams cannot starve the live
-  beam, token = cand // logp.shape[-1], (cand % logp.shape[-1]).astype(jnp.int32)  # [B, 2K]
+  at_limit = jnp.repeat(s.t + 1 >= max_lens, k)  # [B*K]: force EOS at each row's length limit
+  per_beam = min(2 * k, logits.shape[-1])
+  cand_logp, token = _candidates(logits.astype(jnp.float32), at_limit, per_beam, eos_id)
+  total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, k, -1)).reshape(batch, -1)
+  # 2K: K finishing beams cannot starve the live ones
+  cand_logp, cand = jax.lax.top_k(total, 2 * k)  # [B, 2K] over [B, K * 2K]
+  beam = cand // per_beam
+  token = jnp.take_along_axis(token.reshape(batch, -1), cand, axis=1)  # [B, 2K]
   seqs = jnp.take_along_axis(s.seqs, beam[:, :, None], axis=1)
   seqs = jax.lax.dynamic_update_slice_in_dim(seqs, token[:, :, None], s.t, axis=2)  # [B, 2K, L]
   is_eos = token == eos_id
@@ -88,6 +90,21 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   return BeamState(t=s.t + 1, seqs=jnp.take_along_axis(seqs, live[:, :, None], axis=1),
                    logprobs=live_logp, finished=finished, scores=scores,
                    cache=_reorder(cache, jnp.take_along_axis(beam, live, axis=1)))
+
+
+def _candidates(logits: jax.Array, at_limit: jax.Array, n: int,
+                eos_id: int) -> tuple[jax.Array, jax.Array]:
+  """Each beam's n best next tokens and their log-probabilities: [N, V] logits -> [N, n] twice.
+
+  The best n extensions of a sentence are among the best n of each of its beams, so the
+  search ranks K * n candidates instead of K * V: log-softmax and top-k over the whole
+  [B, K * V] cost ~3x more (bench/RESULTS.md). Beams `at_limit` offer only EOS.
+  """
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [N, 1]
+  values, token = jax.lax.top_k(logits, n)
+  only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)
+  values = jnp.where(at_limit[:, None], only_eos, values)
+  return values - lse, jnp.where(at_limit[:, None], eos_id, token).astype(jnp.int32)
 
 
 def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
@@ -116,7 +133,7 @@ def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
                 alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                chunk: int = 8) -> tuple[jax.Array, jax.Array]:
+                chunk: int = 8, grow_cache: bool = True) -> tuple[jax.Array, jax.Array]:
   """Beam search over `logits_fn` (the cache is tiled to K beams here).
 
   Args:
@@ -126,6 +143,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_si
     beam_size, alpha: K and the length-penalty exponent (paper: 4 and 0.6).
     bos_id, eos_id, pad_id: special ids from the tokenizer.
     max_len: static output length L; chunk: steps per scan between stopping checks.
+    grow_cache: run over growing caches (see `decoding.decode_loop`).
 
   Returns:
     ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
@@ -134,7 +152,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_si
   state = init_state(cache, batch, beam_size, padded_length(max_len, chunk), pad_id)
   final = decode_loop(
       lambda s: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id, eos_id=eos_id),
-      lambda s: is_done(s, max_lens, alpha), state, max_len, chunk)
+      lambda s: is_done(s, max_lens, alpha), state, max_len, chunk, grow_cache)
   ids, scores = finalize(final)
   ids = ids[:, :max_len]
   after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0

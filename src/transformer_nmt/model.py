@@ -122,6 +122,10 @@ class DecoderCache:
     sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
     return self.replace(self_attention=gather(self.self_attention))
 
+  def resize(self, length: int) -> DecoderCache:
+    """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
+    return self.replace(self_attention=tuple(kv.resize(length) for kv in self.self_attention))
+
 
 def _default_positions(ids: jax.Array) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)

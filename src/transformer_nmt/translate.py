@@ -60,13 +60,15 @@ def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segment
 def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
               bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4, alpha: float = 0.6,
               max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached',
-              temperature: float = 0.0, top_k: int = 0,
-              rng: Optional[jax.Array] = None) -> jax.Array:
+              temperature: float = 0.0, top_k: int = 0, rng: Optional[jax.Array] = None,
+              grow_cache: bool = True) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len].
 
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
   decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`), greedily, or, with
   `temperature` > 0 and an `rng`, by sampling (optionally from the `top_k` tokens only).
+  With `grow_cache` the self-attention cache starts at 2 chunks and doubles as needed
+  (decoding.decode_loop); False keeps it at the full length limit (for benchmarks).
   Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
   """
   if cache_mode not in CACHE_MODES:
@@ -80,7 +82,8 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   # Filler rows (no source tokens; they pad a bucket's last batch) end at once: were they left
   # to run to their length limit, every batch would decode for the full max_len steps.
   max_lens = jnp.where(src_lens > 0, src_lens + max_extra_len, 1)
-  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len, chunk=chunk)
+  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_len=max_len, chunk=chunk,
+             grow_cache=grow_cache)
   if temperature > 0.0:
     return greedy_search(logits_fn, cache, max_lens, temperature=temperature, top_k=top_k,
                          rng=rng, **ids)
