@@ -20,7 +20,8 @@ _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 1000, 'Use the first N se
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _BEAMS = flags.DEFINE_list('beams', ['1', '4'], 'Beam sizes to measure.')
-_VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached, full-length scan',
+_VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached, full-length cache',
+                                                'cached, full-length scan',
                                                 'no cross-K/V reuse',
                                                 'uncached (prefix recomputed)'],
                                    'Our decoder variants to run.')
@@ -28,21 +29,22 @@ _CT2 = flags.DEFINE_bool('ctranslate2', False, 'Also run the model exported to C
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
-VARIANTS = [  # (name, cache_mode, chunk); chunk 0 = one scan over the full output length
-    ('cached', 'cached', 8),
-    ('cached, full-length scan', 'cached', 0),
-    ('no cross-K/V reuse', 'no_cross_reuse', 8),
-    ('uncached (prefix recomputed)', 'uncached', 8),
+VARIANTS = [  # (name, cache_mode, chunk, grow_cache); chunk 0 = one full-length scan
+    ('cached', 'cached', 8, True),
+    ('cached, full-length cache', 'cached', 8, False),
+    ('cached, full-length scan', 'cached', 0, False),
+    ('no cross-K/V reuse', 'no_cross_reuse', 8, True),
+    ('uncached (prefix recomputed)', 'uncached', 8, False),
 ]
 
 
-def measure(model, rows, beam, cache_mode, chunk):
+def measure(model, rows, beam, cache_mode, chunk, grow_cache):
   """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
   from transformer_nmt.inference import Translator
   chunk = chunk or 10**6  # longer than any output: the loop becomes a single scan
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=beam,
                           max_extra_len=_MAX_EXTRA.value, tokens_per_batch=_BATCH_TOKENS.value,
-                          chunk=chunk, cache_mode=cache_mode)
+                          chunk=chunk, cache_mode=cache_mode, grow_cache=grow_cache)
   t0 = time.perf_counter()
   translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
@@ -94,8 +96,8 @@ def main(argv):
   table, seconds_of = [], {}
   for beam in [int(b) for b in _BEAMS.value]:
     reference = None
-    runs = [(name, lambda m=mode, c=chunk: measure(model, rows, beam, m, c))
-            for name, mode, chunk in variants]
+    runs = [(name, lambda m=mode, c=chunk, g=grow: measure(model, rows, beam, m, c, g))
+            for name, mode, chunk, grow in variants]
     if ct2_dir:
       runs.append(('CTranslate2 (same weights)',
                    lambda: measure_ctranslate2(model, rows, beam, ct2_dir)))

@@ -89,3 +89,19 @@ def test_multi_head_attention_projections_and_shape():
   assert sorted(params) == ['key', 'out', 'query', 'value']
   assert params['query']['kernel'].shape == (16, 16)
   assert mha.apply({'params': params}, x, x, None).shape == (2, 3, 16)
+
+
+def test_one_query_rows_can_share_keys():
+  """One decoding step with G = 3 query rows per key row (beams sharing a sentence's
+  cross-attention K/V and mask) equals the reference on keys repeated for every row."""
+  rng = np.random.default_rng(3)
+  b, g, s, h, d = 2, 3, 5, 2, 4
+  q = rng.normal(size=(b * g, 1, h, d)).astype(np.float32)
+  k, v = (rng.normal(size=(b, s, h, d)).astype(np.float32) for _ in range(2))
+  mask = np.ones((b, 1, 1, s), bool)
+  mask[1, ..., 3:] = False
+  out = attention.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                        jnp.asarray(mask))
+  rep = lambda x: np.repeat(x, g, axis=0)  # noqa: E731
+  np.testing.assert_allclose(out, _numpy_attention(q, rep(k), rep(v), rep(mask)), rtol=1e-5,
+                             atol=1e-6)

@@ -24,33 +24,56 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> 
 
   Args:
     q: [B, T, H, Dh] queries.
-    k: [B, S, H, Dh] keys.
-    mask: bool, broadcastable to [B, H, T, S]; None means attend everywhere.
+    k: [B, S, H, Dh] keys; for one decoding step (T = 1) also [B / G, S, H, Dh], shared by
+      G consecutive query rows (the beams of a sentence in cross-attention).
+    mask: bool, broadcastable to [B, H, T, S] (or to k's rows); None means attend everywhere.
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-  if q.shape[1] == 1:  # one decoding step: a fused multiply-reduce beats XLA CPU's batched
-    # matrix-vector dots about 3.6x here (bench/RESULTS.md)
-    logits = jnp.sum((q * scale).astype(jnp.float32) * k.astype(jnp.float32), axis=-1)
-    logits = jnp.transpose(logits, (0, 2, 1))[:, :, None, :]  # [B, S, H] -> [B, H, 1, S]
-  else:
-    logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
-                        preferred_element_type=jnp.float32)  # [B, H, T, S]
+  if q.shape[1] == 1:
+    return _one_query_weights(q * scale, k, mask)
+  logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
+                      preferred_element_type=jnp.float32)  # [B, H, T, S]
+  return _masked_softmax(logits, mask)
+
+
+def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
   if mask is None:
     return jax.nn.softmax(logits, axis=-1)
   probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
   return jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
 
 
+def _one_query_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+  """One decoding step, q [N, 1, H, Dh] against k [B, S, H, Dh] with N = B * G -> [N, H, 1, S].
+
+  A fused multiply-reduce beats XLA CPU's batched matrix-vector dots about 3.6x here, and
+  grouping the G query rows that share one key row reads those keys once, not G times
+  (bench/RESULTS.md).
+  """
+  b, s, h, _ = k.shape
+  g = q.shape[0] // b
+  qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
+  logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
+  logits = jnp.swapaxes(logits, 2, 3)  # [B, G, H, S]
+  if mask is not None:
+    mask = mask[:, :, 0, :]  # [M, H or 1, S], M in (1, B, N)
+    mask = mask.reshape((b, g) + mask.shape[1:]) if mask.shape[0] == q.shape[0] else mask[:, None]
+  return _masked_softmax(logits, mask).reshape(q.shape[0], h, 1, s)
+
+
 def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
                     dropout_rate: float = 0.0) -> jax.Array:
   """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
-  (tensor2tensor's attention dropout) when `dropout_rng` is given."""
+  (tensor2tensor's attention dropout) when `dropout_rng` is given. For T = 1, v may be
+  shared by groups of rows as in `attention_weights`."""
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  if probs.shape[2] == 1:  # one decoding step, as in attention_weights
-    weights = jnp.transpose(probs[:, :, 0, :], (0, 2, 1))[..., None]  # [B, S, H, 1]
-    return jnp.sum(weights * v.astype(jnp.float32), axis=1)[:, None].astype(v.dtype)
+  if probs.shape[2] == 1:  # one decoding step: a multiply-reduce, as in attention_weights
+    b, s, h, _ = v.shape
+    weights = jnp.swapaxes(probs.reshape(b, -1, h, s), 2, 3)[..., None]  # [B, G, S, H, 1]
+    out = jnp.sum(weights * v.astype(jnp.float32)[:, None], axis=2)  # [B, G, H, Dh]
+    return out.reshape((probs.shape[0], 1) + out.shape[2:]).astype(v.dtype)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
 
 

@@ -24,7 +24,10 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 
 def tile_beams(tree: Any, beam_size: int) -> Any:
-  """Repeats every batched leaf [B, ...] -> [B*K, ...] (scalars such as cache indices stay)."""
+  """Repeats every batched leaf [B, ...] -> [B*K, ...] (scalars such as cache indices stay),
+  or what a cache with a `tile_beams` method (model.DecoderCache) says needs repeating."""
+  if hasattr(tree, 'tile_beams'):
+    return tree.tile_beams(beam_size)
   return jax.tree_util.tree_map(
       lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, tree)
 

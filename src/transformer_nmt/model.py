@@ -104,8 +104,9 @@ class DecoderCache:
   """Everything incremental decoding reuses across steps (one entry per decoder layer).
 
   self_attention: KVCache per layer, [B, T_max, H, Dh] each.
-  cross_k, cross_v: [B, S, H, Dh] per layer, computed once per batch.
-  cross_mask: [B, 1, 1, S] bool, real source positions.
+  cross_k, cross_v: [B', S, H, Dh] per layer, computed once per batch.
+  cross_mask: [B', 1, 1, S] bool, real source positions.
+  In beam search B = B' * K: the K beams of a sentence share its cross-attention entries.
   """
 
   self_attention: tuple[KVCache, ...]
@@ -121,6 +122,12 @@ class DecoderCache:
     """Beam search's reordering: only the self-attention K/V differ between the beams of a
     sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
     return self.replace(self_attention=gather(self.self_attention))
+
+  def tile_beams(self, beam_size: int) -> DecoderCache:
+    """Beam search's K copies of each row, of the self-attention caches only: decode_step's
+    cross-attention lets the K beams of a sentence share its cross-attention K/V and mask."""
+    tile = lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x  # noqa: E731
+    return self.replace(self_attention=jax.tree_util.tree_map(tile, self.self_attention))
 
   def resize(self, length: int) -> DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
