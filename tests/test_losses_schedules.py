@@ -41,3 +41,14 @@ def test_schedule_values_at_step_1_warmup_and_4x_warmup():
   assert float(lr(4 * warmup - 1)) == pytest.approx(float(lr(warmup - 1)) / 2, rel=1e-5)
   assert float(lr(warmup - 1)) > float(lr(warmup - 2)) and float(lr(warmup - 1)) > float(lr(warmup))
   assert float(rsqrt_warmup(d, warmup, multiplier=2.0)(10)) == pytest.approx(2 * float(lr(10)))
+
+
+def test_correct_counts_argmax_hits_on_real_tokens():
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(2, 4, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, size=(2, 4))
+  targets[0, :2] = logits[0, :2].argmax(-1)  # two certain hits; the rest hit by chance
+  weights = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.float32)
+  out = smoothed_cross_entropy(logits, targets, weights, 0.1)
+  expected = ((logits.argmax(-1) == targets) * weights).sum()
+  assert expected >= 2 and float(out['correct']) == expected

@@ -23,11 +23,18 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
     dict of scalars: 'loss' (smoothed CE sum), 'nll' (plain CE sum, for perplexity),
     'correct' (argmax hits), 'tokens' (sum of weights).
   """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [B, T]
-  uniform = -jnp.mean(log_probs, axis=-1)  # CE against the uniform distribution, [B, T]
+  # From the logits directly, without materialising log-probabilities [B, T, V]: with
+  # lse = logsumexp(logits), -log p(y) = lse - logit_y and the uniform term is lse - mean(logit).
+  # The target's logit is a masked sum (its gradient is a fused select, not a scatter), and
+  # `correct` compares it with the maximum instead of a slow argmax (bench/RESULTS.md).
+  logits = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
+  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]  # [B, T, V]
+  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [B, T]
+  nll = lse - target_logit
+  uniform = lse - jnp.mean(logits, axis=-1)  # CE against the uniform distribution, [B, T]
   loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
   weights = weights.astype(jnp.float32)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)  # ties count as hits
   return {'loss': jnp.sum(loss * weights), 'nll': jnp.sum(nll * weights),
           'correct': jnp.sum(correct * weights), 'tokens': jnp.sum(weights)}
