@@ -20,8 +20,8 @@ _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 1000, 'Use the first N se
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _BEAMS = flags.DEFINE_list('beams', ['1', '4'], 'Beam sizes to measure.')
-_VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached, full-length cache',
-                                                'cached, full-length scan',
+_VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached (full-length cache)',
+                                                'cached (one full-length scan)',
                                                 'no cross-K/V reuse',
                                                 'uncached (prefix recomputed)'],
                                    'Our decoder variants to run.')
@@ -31,8 +31,8 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
 
 VARIANTS = [  # (name, cache_mode, chunk, grow_cache); chunk 0 = one full-length scan
     ('cached', 'cached', 8, True),
-    ('cached, full-length cache', 'cached', 8, False),
-    ('cached, full-length scan', 'cached', 0, False),
+    ('cached (full-length cache)', 'cached', 8, False),
+    ('cached (one full-length scan)', 'cached', 0, False),
     ('no cross-K/V reuse', 'no_cross_reuse', 8, True),
     ('uncached (prefix recomputed)', 'uncached', 8, False),
 ]

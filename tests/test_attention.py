@@ -76,9 +76,13 @@ def test_kv_cache_appends_in_order():
   cache = attention.KVCache.zeros(1, 3, 1, 2)
   for i in range(2):
     cache = cache.append(jnp.full((1, 1, 1, 2), i + 1.0), jnp.full((1, 1, 1, 2), -(i + 1.0)))
-  np.testing.assert_array_equal(cache.k[0, :, 0, 0], [1, 2, 0])
+  np.testing.assert_array_equal(cache.k[0, 0, 0, :], [1, 2, 0])  # keys: [B, H, Dh, L]
+  np.testing.assert_array_equal(cache.v[0, 0, :, 0], [-1, -2, 0])  # values: [B, H, L, Dh]
   np.testing.assert_array_equal(cache.valid_mask()[0, 0, 0], [True, True, False])
   assert int(cache.index) == 2
+  grown = cache.resize(5)
+  np.testing.assert_array_equal(grown.k[0, 0, 0, :], [1, 2, 0, 0, 0])
+  np.testing.assert_array_equal(grown.resize(2).v[0, 0, :, 0], [-1, -2])
 
 
 def test_multi_head_attention_projections_and_shape():

@@ -46,12 +46,16 @@ def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
 def _one_query_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
   """One decoding step, q [N, 1, H, Dh] against k [B, S, H, Dh] with N = B * G -> [N, H, 1, S].
 
-  A fused multiply-reduce beats XLA CPU's batched matrix-vector dots about 3.6x here, and
-  grouping the G query rows that share one key row reads those keys once, not G times
-  (bench/RESULTS.md).
+  A fused multiply-reduce beats XLA CPU's batched matrix-vector dots about 3.6x here; with
+  G > 1 the G query rows that share one key row are reduced together, which also reads those
+  keys once (about 10x faster for beam 4's cross-attention, bench/RESULTS.md). G = 1 keeps
+  its own layout: the grouped one with a unit G axis runs ~10x slower on XLA CPU.
   """
   b, s, h, _ = k.shape
   g = q.shape[0] // b
+  if g == 1:
+    logits = jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
+    return _masked_softmax(jnp.swapaxes(logits, 1, 2)[:, :, None, :], mask)  # [N, H, 1, S]
   qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
   logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
   logits = jnp.swapaxes(logits, 2, 3)  # [B, G, H, S]
@@ -69,7 +73,10 @@ def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  if probs.shape[2] == 1:  # one decoding step: a multiply-reduce, as in attention_weights
+  if probs.shape[2] == 1 and probs.shape[0] == v.shape[0]:  # one step, as in attention_weights
+    weights = jnp.swapaxes(probs[:, :, 0, :], 1, 2)[..., None]  # [N, S, H, 1]
+    return jnp.sum(weights * v.astype(jnp.float32), axis=1)[:, None].astype(v.dtype)
+  if probs.shape[2] == 1:  # one step, G query rows per value row
     b, s, h, _ = v.shape
     weights = jnp.swapaxes(probs.reshape(b, -1, h, s), 2, 3)[..., None]  # [B, G, S, H, 1]
     out = jnp.sum(weights * v.astype(jnp.float32)[:, None], axis=2)  # [B, G, H, Dh]
@@ -116,7 +123,10 @@ def padding_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
 class KVCache:
   """Decoder self-attention keys/values written one position per step.
 
-  k, v: [B, L_max, H, Dh]; index: [] int32, the next position to write.
+  k: [B, H, Dh, L_max] (keys transposed); v: [B, H, L_max, Dh]; index: [] int32, the next
+  position to write. In this layout one query's attention reduces over a non-minor axis and
+  vectorises along the cache: about 10x faster on XLA CPU than a [B, L_max, H, Dh] cache with
+  32 positions (bench/RESULTS.md).
   """
 
   k: jax.Array
@@ -126,26 +136,45 @@ class KVCache:
   @classmethod
   def zeros(cls, batch: int, max_len: int, num_heads: int, head_dim: int,
             dtype: jnp.dtype = jnp.float32) -> KVCache:
-    shape = (batch, max_len, num_heads, head_dim)
-    return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
+    return cls(jnp.zeros((batch, num_heads, head_dim, max_len), dtype),
+               jnp.zeros((batch, num_heads, max_len, head_dim), dtype), jnp.zeros((), jnp.int32))
+
+  @property
+  def length(self) -> int:
+    return self.v.shape[2]
 
   def append(self, k: jax.Array, v: jax.Array) -> KVCache:
     """Writes k, v: [B, 1, H, Dh] at `index` and advances it."""
-    k_all = jax.lax.dynamic_update_slice_in_dim(self.k, k.astype(self.k.dtype), self.index, axis=1)
-    v_all = jax.lax.dynamic_update_slice_in_dim(self.v, v.astype(self.v.dtype), self.index, axis=1)
-    return KVCache(k_all, v_all, self.index + 1)
+    k_t = jnp.transpose(k, (0, 2, 3, 1)).astype(self.k.dtype)  # [B, H, Dh, 1]
+    v_t = jnp.swapaxes(v, 1, 2).astype(self.v.dtype)  # [B, H, 1, Dh]
+    return KVCache(jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=3),
+                   jax.lax.dynamic_update_slice_in_dim(self.v, v_t, self.index, axis=2),
+                   self.index + 1)
 
   def resize(self, length: int) -> KVCache:
     """The cache with room for `length` positions: cut, or extended with zeros."""
-    extra = length - self.k.shape[1]
+    extra = length - self.length
     if extra <= 0:
-      return KVCache(self.k[:, :length], self.v[:, :length], self.index)
-    pad = ((0, 0), (0, extra), (0, 0), (0, 0))
-    return KVCache(jnp.pad(self.k, pad), jnp.pad(self.v, pad), self.index)
+      return KVCache(self.k[..., :length], self.v[:, :, :length], self.index)
+    none = (0, 0)
+    return KVCache(jnp.pad(self.k, (none, none, none, (0, extra))),
+                   jnp.pad(self.v, (none, none, (0, extra), none)), self.index)
 
   def valid_mask(self) -> jax.Array:
     """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
-    return (jnp.arange(self.k.shape[1]) < self.index)[None, None, None, :]
+    return (jnp.arange(self.length) < self.index)[None, None, None, :]
+
+  def attention_weights(self, q: jax.Array) -> jax.Array:
+    """Eq. 1's weights of one query per row over the positions written: q [B, 1, H, Dh] ->
+    float32 [B, H, 1, L_max] (zero at unwritten positions)."""
+    q = q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5  # [B, H, Dh]
+    logits = jnp.einsum('bhd,bhdl->bhl', q, self.k.astype(jnp.float32))[:, :, None]
+    return _masked_softmax(logits, self.valid_mask())
+
+  def attend(self, probs: jax.Array) -> jax.Array:
+    """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]."""
+    out = jnp.sum(probs[:, :, 0, :, None] * self.v.astype(jnp.float32), axis=2)  # [B, H, Dh]
+    return out[:, None].astype(self.v.dtype)
 
 
 def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> nn.Dense:
@@ -198,9 +227,11 @@ class MultiHeadAttention(nn.Module):
     k, v = self.project_kv(x_kv)
     return self.attend(x_q, k, v, mask, deterministic)
 
-  def step(self, x_t: jax.Array, cache: KVCache,
-           deterministic: bool = True) -> tuple[jax.Array, KVCache]:
+  def step(self, x_t: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
     """Self-attention for one new position: x_t [B, 1, D] -> ([B, 1, D], cache with it appended)."""
     k, v = self.project_kv(x_t)
     cache = cache.append(k, v)
-    return self.attend(x_t, cache.k, cache.v, cache.valid_mask(), deterministic), cache
+    probs = cache.attention_weights(self._split(self.query(x_t)))  # [B, H, 1, L_max]
+    self.sow('intermediates', 'attention_weights', probs)
+    out = cache.attend(probs)  # [B, 1, H, Dh]
+    return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,))), cache

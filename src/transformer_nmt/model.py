@@ -103,7 +103,7 @@ class DecoderLayer(_SublayerStack):
 class DecoderCache:
   """Everything incremental decoding reuses across steps (one entry per decoder layer).
 
-  self_attention: KVCache per layer, [B, T_max, H, Dh] each.
+  self_attention: KVCache per layer (see its layout).
   cross_k, cross_v: [B', S, H, Dh] per layer, computed once per batch.
   cross_mask: [B', 1, 1, S] bool, real source positions.
   In beam search B = B' * K: the K beams of a sentence share its cross-attention entries.
