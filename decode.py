@@ -21,6 +21,11 @@ _OUTPUT = flags.DEFINE_string('output', '-', 'Where translations go; - for stdou
 _REFERENCE = flags.DEFINE_string('reference', None, 'Reference translations for scoring.')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size (1 = greedy); paper: 4.')
 _ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent; paper: 0.6.')
+_BEAM_STOP = flags.DEFINE_enum('beam_stop', 'bound', ['bound', 'k_finished'],
+                               'When a sentence\'s search ends: bound = once no live beam can '
+                               'beat its best finished hypothesis (tensor2tensor, the paper); '
+                               'k_finished = also once beam_size hypotheses have finished '
+                               '(OpenNMT, CTranslate2; fewer steps).')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.0, 'Sample with this temperature instead of '
@@ -79,12 +84,13 @@ def run() -> None:
                     '--top_k non-negative')
   model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
   search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
-            if _TEMPERATURE.value > 0 else f'beam {_BEAM.value}, alpha {_ALPHA.value}')
+            if _TEMPERATURE.value > 0 else
+            f'beam {_BEAM.value}, alpha {_ALPHA.value}, stop {_BEAM_STOP.value}')
   print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value,
                           alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA.value,
                           tokens_per_batch=_BATCH_TOKENS.value, temperature=_TEMPERATURE.value,
-                          top_k=_TOP_K.value, seed=_SEED.value)
+                          top_k=_TOP_K.value, seed=_SEED.value, beam_stop=_BEAM_STOP.value)
   t0 = time.time()
   hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
   seconds = time.time() - t0

@@ -208,3 +208,21 @@ def test_step_ranks_every_extension_of_every_beam():
   eos_scores = total[1, :, EOS] / float(length_penalty(t + 1, 0.6))
   np.testing.assert_allclose(np.asarray(out.scores)[1, 0], eos_scores.max(), rtol=1e-5)
   assert np.asarray(out.finished)[1, 0, t] == EOS
+
+
+def test_k_finished_stop_keeps_the_first_k_finished():
+  """With a length penalty that rewards length (alpha 4), 'bound' searches on to a long
+  hypothesis; 'k_finished' ends once K = 2 hypotheses have finished (at step 2) and returns
+  the better of those two."""
+  p = np.full((5, 5), 1e-9)
+  p[BOS, [3, 4]] = 0.5
+  p[3, [EOS, 4]] = [0.9, 0.1]
+  p[4, [EOS, 4]] = 0.5
+  p[EOS, EOS] = p[PAD, PAD] = 1.0
+  fn = table_logits_fn(np.log(p / p.sum(1, keepdims=True)))
+  out = {stop: np.asarray(beam_search(fn, jnp.zeros((1,)), jnp.array([8]), beam_size=2,
+                                      alpha=4.0, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                                      max_len=8, stop=stop)[0])[0].tolist()
+         for stop in ('bound', 'k_finished')}
+  assert out['k_finished'][:2] == [3, EOS]
+  assert out['bound'].index(EOS) > 2 and set(out['bound'][:out['bound'].index(EOS)]) == {4}

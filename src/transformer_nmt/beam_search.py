@@ -1,7 +1,11 @@
 """Beam search as the paper used it (§6.1): beam 4, GNMT length penalty with alpha 0.6.
 
-Finished hypotheses are kept while live beams go on; a row stops once no live beam can beat
-its best finished hypothesis. The search is pure and jittable and runs on the chunked scan of
+Finished hypotheses are kept while live beams go on. A row stops (`stop`):
+  'bound'      once no live beam can beat its best finished hypothesis, even at the row's
+               length limit (tensor2tensor; the paper's "terminate early when possible");
+  'k_finished' also once it holds K finished hypotheses, whose best is the output (OpenNMT
+               and CTranslate2 with patience 1). A deviation: fewer steps, and a hypothesis
+               finishing later with a better score is not considered. The search is pure and jittable and runs on the chunked scan of
 `decoding.decode_loop`. Dimension legend: B batch, K beam, L output length, V vocab.
 """
 
@@ -68,8 +72,11 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int)
                    tile_beams(cache, beam_size))
 
 
+STOPS = ('bound', 'k_finished')
+
+
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
-         eos_id: int) -> BeamState:
+         eos_id: int, stop: str = 'bound') -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished."""
   batch, k, _ = s.seqs.shape
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
@@ -87,6 +94,8 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   is_eos = token == eos_id
   possible = cand_logp > NEG_INF / 2  # extensions of empty beams are no hypotheses
   live_logp, live = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)  # [B, K]
+  if stop == 'k_finished':  # a row holding K finished hypotheses takes no more
+    possible &= (s.scores[:, -1] <= NEG_INF / 2)[:, None]
   new_scores = jnp.where(is_eos & possible, cand_logp / length_penalty(s.t + 1, alpha), NEG_INF)
   scores, keep = jax.lax.top_k(jnp.concatenate([s.scores, new_scores], axis=1), k)
   finished = jnp.take_along_axis(jnp.concatenate([s.finished, seqs], axis=1),
@@ -119,14 +128,18 @@ def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
   return cache.reorder_beams(gather) if hasattr(cache, 'reorder_beams') else gather(cache)
 
 
-def is_done(s: BeamState, max_lens: jax.Array, alpha: float) -> jax.Array:
-  """True when, in every row, the best finished score beats the best any live beam can reach.
+def is_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
+  """True when, in every row, the best finished score beats the best any live beam can reach
+  (or, with stop='k_finished', the row holds K finished hypotheses).
 
   log P only falls as a beam grows, and lp grows with length, so a live beam's best possible
   score is its log P divided by the penalty at the row's length limit.
   """
   best_possible = s.logprobs[:, 0] / length_penalty(max_lens, alpha)
-  return jnp.all((s.scores[:, 0] >= best_possible) | (s.logprobs[:, 0] <= NEG_INF / 2))
+  done = (s.scores[:, 0] >= best_possible) | (s.logprobs[:, 0] <= NEG_INF / 2)
+  if stop == 'k_finished':
+    done |= s.scores[:, -1] > NEG_INF / 2
+  return jnp.all(done)
 
 
 def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
@@ -138,7 +151,8 @@ def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
                 alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                chunk: int = 8, grow_cache: bool = True) -> tuple[jax.Array, jax.Array]:
+                chunk: int = 8, grow_cache: bool = True,
+                stop: str = 'bound') -> tuple[jax.Array, jax.Array]:
   """Beam search over `logits_fn` (the cache is tiled to K beams here).
 
   Args:
@@ -149,15 +163,19 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_si
     bos_id, eos_id, pad_id: special ids from the tokenizer.
     max_len: static output length L; chunk: steps per scan between stopping checks.
     grow_cache: run over growing caches (see `decoding.decode_loop`).
+    stop: when a row ends, 'bound' or 'k_finished' (module docstring).
 
   Returns:
     ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
   """
+  if stop not in STOPS:
+    raise ValueError(f'beam stop={stop!r}; expected one of {STOPS}')
   batch = max_lens.shape[0]
   state = init_state(cache, batch, beam_size, padded_length(max_len, chunk), pad_id)
   final = decode_loop(
-      lambda s: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id, eos_id=eos_id),
-      lambda s: is_done(s, max_lens, alpha), state, max_len, chunk, grow_cache)
+      lambda s: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id, eos_id=eos_id,
+                     stop=stop),
+      lambda s: is_done(s, max_lens, alpha, stop), state, max_len, chunk, grow_cache)
   ids, scores = finalize(final)
   ids = ids[:, :max_len]
   after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0

@@ -104,13 +104,14 @@ class Translator:
                beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
                tokens_per_batch: int = 4096, chunk: int = 8, cache_mode: str = 'cached',
                temperature: float = 0.0, top_k: int = 0, seed: int = 0,
-               grow_cache: bool = True):
+               grow_cache: bool = True, beam_stop: str = 'bound'):
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, tokens_per_batch
     self._rng = jax.random.key(seed)  # sampling only: batch i uses fold_in(rng, i)
     self._translate = jax.jit(functools.partial(
         translate, cfg, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
         beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, chunk=chunk,
-        cache_mode=cache_mode, temperature=temperature, top_k=top_k, grow_cache=grow_cache))
+        cache_mode=cache_mode, temperature=temperature, top_k=top_k, grow_cache=grow_cache,
+        beam_stop=beam_stop))
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
                     progress: Optional[Callable[[int], None]] = None) -> list[np.ndarray]:

@@ -61,11 +61,12 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
               bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4, alpha: float = 0.6,
               max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached',
               temperature: float = 0.0, top_k: int = 0, rng: Optional[jax.Array] = None,
-              grow_cache: bool = True) -> jax.Array:
+              grow_cache: bool = True, beam_stop: str = 'bound') -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len].
 
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
-  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`), greedily, or, with
+  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`, rows ending as
+  `beam_stop` says: 'bound' or 'k_finished', see beam_search.py), greedily, or, with
   `temperature` > 0 and an `rng`, by sampling (optionally from the `top_k` tokens only).
   With `grow_cache` the self-attention cache starts at 2 chunks and doubles as needed
   (decoding.decode_loop); False keeps it at the full length limit (for benchmarks).
@@ -88,7 +89,8 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
     return greedy_search(logits_fn, cache, max_lens, temperature=temperature, top_k=top_k,
                          rng=rng, **ids)
   if beam_size > 1:
-    return beam_search(logits_fn, cache, max_lens, beam_size=beam_size, alpha=alpha, **ids)[0]
+    return beam_search(logits_fn, cache, max_lens, beam_size=beam_size, alpha=alpha,
+                       stop=beam_stop, **ids)[0]
   return greedy_search(logits_fn, cache, max_lens, **ids)
 
 
