@@ -117,7 +117,8 @@ def main(argv):
       table.append(f'| {name} | {beam} | {len(rows) / seconds:.1f} | {tokens / seconds:,.0f} | '
                    f'{seconds:.2f} | {first:.2f} | {note} |')
       print(table[-1], flush=True)
-  text = (f"{time.strftime('%Y-%m-%d')}. Command: `python bench/decode.py "
+  from bench_markdown import machine
+  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
           f"{' '.join(sys.argv[1:])}`\n\n{header}\n\n"
           '| variant | beam | sentences/s | target tokens/s | timed s | first pass s | '
           'agreement |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n' + '\n'.join(table)
@@ -130,12 +131,17 @@ def main(argv):
 
 
 def ratios(seconds_of):
-  """Speed ratios of our cached decoder against the other variants, per beam."""
+  """Speed ratios of our cached decoder against the other variants, and of each of our
+  variants against CTranslate2, per beam."""
   out = []
   for (name, beam), seconds in seconds_of.items():
     base = seconds_of.get(('cached', beam))
     if base and name != 'cached':
       out.append(f'beam {beam}: cached is {seconds / base:.2f}x as fast as {name}')
+  for (name, beam), seconds in seconds_of.items():
+    ct2 = seconds_of.get(('CTranslate2 (same weights)', beam))
+    if ct2 and name not in ('cached', 'CTranslate2 (same weights)'):
+      out.append(f'beam {beam}: {name} is {ct2 / seconds:.2f}x as fast as CTranslate2')
   return out
 
 
