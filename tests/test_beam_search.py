@@ -167,14 +167,15 @@ def test_filler_rows_end_at_once(model, beam_size):
 
 
 def test_cache_stages_double_from_two_chunks():
-  assert cache_stages(88, 8) == [16, 32, 64, 88]
+  assert cache_stages(128, 8) == [16, 32, 64, 128]
+  assert cache_stages(88, 8) == [16, 32, 88]  # 64 would be within 1.5x of 88: skipped
   assert cache_stages(16, 8) == [16]
   assert cache_stages(6, 2) == [4, 6]
 
 
 @pytest.mark.parametrize('beam_size', [1, 4])
 def test_growing_cache_matches_full_length_cache(model, beam_size):
-  """Decoding over caches that grow in stages (4, 8, 16, 24 positions with chunk 2) gives the
+  """Decoding over caches that grow in stages (4, 8, 24 positions with chunk 2) gives the
   full-length cache's output, and the outputs run past the first stages."""
   cfg, params, src, seg = model
   kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, beam_size=beam_size, max_extra_len=18, chunk=2)

@@ -75,7 +75,8 @@ def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
   result = run_decode('--workdir', str(tiny_workdir), '--input', str(src), '--output', str(out),
                       '--reference', str(ref), '--beam_size', '2', '--average_last', '2',
                       '--tokenized_bleu', '--plot_attention', str(tmp_path / 'plots'),
-                      '--plot_sentences', '2', '--max_extra_len', '5', '--beam_stop', 'k_finished')
+                      '--plot_sentences', '2', '--max_extra_len', '5',
+                      '--beam_stop', 'k_finished')
   assert result.returncode == 0, result.stderr[-3000:]
   assert len(out.read_text().splitlines()) == 7 and out.read_text().splitlines()[3] == ''
   assert 'sacreBLEU' in result.stdout and 'nrefs:1|case:mixed' in result.stdout

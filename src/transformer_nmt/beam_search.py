@@ -5,8 +5,9 @@ Finished hypotheses are kept while live beams go on. A row stops (`stop`):
                length limit (tensor2tensor; the paper's "terminate early when possible");
   'k_finished' also once it holds K finished hypotheses, whose best is the output (OpenNMT
                and CTranslate2 with patience 1). A deviation: fewer steps, and a hypothesis
-               finishing later with a better score is not considered. The search is pure and jittable and runs on the chunked scan of
-`decoding.decode_loop`. Dimension legend: B batch, K beam, L output length, V vocab.
+               finishing later with a better score is not considered.
+The search is pure and jittable and runs on the chunked scan of `decoding.decode_loop`.
+Dimension legend: B batch, K beam, L output length, V vocab.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Arra
   chunk = max(1, min(chunk, num_steps))
   num_chunks = -(-num_steps // chunk)
   resizable = grow_cache and hasattr(state.cache, 'resize')
-  ends = [n // chunk for n in cache_stages(num_chunks * chunk, chunk)] if resizable else [num_chunks]
+  lengths = cache_stages(num_chunks * chunk, chunk) if resizable else [num_chunks * chunk]
+  ends = [n // chunk for n in lengths]  # chunks done at the end of each stage
 
   def run_chunk(carry: tuple[jax.Array, Any]) -> tuple[jax.Array, Any]:
     i, state = carry
@@ -57,11 +58,14 @@ def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Arra
 
 
 def cache_stages(length: int, chunk: int) -> list[int]:
-  """Cache lengths of the stages of `decode_loop`: 2 chunks, doubling up to `length`
-  (a multiple of `chunk`). Each stage compiles its own copy of the decoder step."""
+  """Cache lengths of the stages of `decode_loop`: 2 chunks, doubling, then `length` (a
+  multiple of `chunk`) once it is within 1.5x of the next doubling. Each stage compiles its
+  own copy of the decoder step, so fewer stages compile faster (e.g. 16, 32, 72)."""
   stages, n = [], 2 * chunk
   while n < length:
     stages.append(n)
+    if 3 * n >= length:  # the next doubling would be within 1.5x of the full length
+      break
     n *= 2
   return stages + [length]
 
