@@ -1,21 +1,6 @@
 """Writes a benchmark's table into bench/RESULTS.md, replacing only that benchmark's section."""
 
-import os
 import pathlib
-import platform
-
-
-def machine() -> str:
-  """'2 cores, AMD EPYC' (the CPU model from /proc/cpuinfo where there is one)."""
-  model = platform.processor() or platform.machine()
-  try:
-    for line in open('/proc/cpuinfo', encoding='utf-8'):
-      if line.startswith('model name'):
-        model = line.split(':', 1)[1].strip()
-        break
-  except OSError:
-    pass
-  return f'{os.cpu_count()} cores, {model}'
 
 
 def write_section(path: pathlib.Path, name: str, text: str) -> None:

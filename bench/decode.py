@@ -117,7 +117,7 @@ def main(argv):
       table.append(f'| {name} | {beam} | {len(rows) / seconds:.1f} | {tokens / seconds:,.0f} | '
                    f'{seconds:.2f} | {first:.2f} | {note} |')
       print(table[-1], flush=True)
-  from bench_markdown import machine
+  from transformer_nmt.recipe import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
           f"{' '.join(sys.argv[1:])}`\n\n{header}\n\n"
           '| variant | beam | sentences/s | target tokens/s | timed s | first pass s | '
