@@ -21,7 +21,7 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
 
   Returns:
     dict of scalars: 'loss' (smoothed CE sum), 'nll' (plain CE sum, for perplexity),
-    'correct' (argmax hits), 'tokens' (sum of weights).
+    'correct' (argmax hits; a target tied for the maximum counts), 'tokens' (sum of weights).
   """
   # From the logits directly, without materialising log-probabilities [B, T, V]: with
   # lse = logsumexp(logits), -log p(y) = lse - logit_y and the uniform term is lse - mean(logit).
