@@ -8,6 +8,7 @@ Each variant translates all sentences twice: the first pass compiles every batch
 second is timed. Outputs of all variants with the same beam are compared with ours (cached).
 """
 
+import shlex
 import sys
 import time
 
@@ -119,7 +120,7 @@ def main(argv):
       print(table[-1], flush=True)
   from transformer_nmt.recipe import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
-          f"{' '.join(sys.argv[1:])}`\n\n{header}\n\n"
+          f"{shlex.join(sys.argv[1:])}`\n\n{header}\n\n"
           '| variant | beam | sentences/s | target tokens/s | timed s | first pass s | '
           'agreement |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n' + '\n'.join(table)
           + '\n\n' + ''.join(f'- {line}\n' for line in ratios(seconds_of)))

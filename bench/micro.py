@@ -6,6 +6,7 @@ times the formulation the library used before against the one it uses now, side 
 Times are medians of jitted calls (inputs not donated), in ms.
 """
 
+import shlex
 import sys
 import time
 
@@ -153,7 +154,7 @@ def main(argv):
   for case in _CASES.value:
     globals()[case]()
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/micro.py "
-          f"{' '.join(sys.argv[1:])}`\n\n| case | before (ms) | now (ms) | speed-up |\n"
+          f"{shlex.join(sys.argv[1:])}`\n\n| case | before (ms) | now (ms) | speed-up |\n"
           '| --- | --- | --- | ---: |\n' + '\n'.join(ROWS) + '\n')
   print(text)
   if _MARKDOWN.value:

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -316,7 +317,7 @@ def main(argv: list[str]) -> None:
     r = run_variant(variant)
     if r is not None:
       results[variant] = r
-  command = 'python bench/train.py ' + ' '.join(sys.argv[1:])
+  command = 'python bench/train.py ' + shlex.join(sys.argv[1:])
   from transformer_nmt.recipe import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}, "
           f"{next(iter(results.values()))['device'] if results else '?'}. Command: `{command}`\n\n"
