@@ -21,7 +21,7 @@ _OUTPUT = flags.DEFINE_string('output', '-', 'Where translations go; - for stdou
 _REFERENCE = flags.DEFINE_string('reference', None, 'Reference translations for scoring.')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size (1 = greedy); paper: 4.')
 _ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent; paper: 0.6.')
-_BEAM_STOP = flags.DEFINE_enum('beam_stop', 'bound', ['bound', 'k_finished'],
+_BEAM_STOP = flags.DEFINE_enum('beam_stop', 'bound', ['bound', 'k_finished'],  # beam_search.STOPS
                                'When a sentence\'s search ends: bound = once no live beam can '
                                'beat its best finished hypothesis (tensor2tensor, the paper); '
                                'k_finished = also once beam_size hypotheses have finished '

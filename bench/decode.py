@@ -1,6 +1,8 @@
 """Decoding speed, side by side in one run: greedy and beam 4, with and without the KV cache
-and cross-attention K/V reuse, chunked early stopping against a full-length scan, and the same
-weights exported to CTranslate2 (--ctranslate2; pip install -r bench/requirements.txt).
+and cross-attention K/V reuse, a cache that grows in stages against one of the full length
+limit, the paper's beam stopping rule against CTranslate2's (k_finished), chunked early stopping
+against a full-length scan, and the same weights exported to CTranslate2 (--ctranslate2;
+pip install -r bench/requirements.txt).
 
   python bench/decode.py --workdir runs/small --input ../shared/data/multi30k/test2016.en
 

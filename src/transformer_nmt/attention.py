@@ -48,7 +48,7 @@ def _one_query_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) ->
 
   A fused multiply-reduce beats XLA CPU's batched matrix-vector dots about 3.6x here; with
   G > 1 the G query rows that share one key row are reduced together, which also reads those
-  keys once (about 10x faster for beam 4's cross-attention, bench/RESULTS.md). G = 1 keeps
+  keys once (4x faster for beam 4's cross-attention, bench/micro.py). G = 1 keeps
   its own layout: the grouped one with a unit G axis runs ~10x slower on XLA CPU.
   """
   b, s, h, _ = k.shape
@@ -125,8 +125,8 @@ class KVCache:
 
   k: [B, H, Dh, L_max] (keys transposed); v: [B, H, L_max, Dh]; index: [] int32, the next
   position to write. In this layout one query's attention reduces over a non-minor axis and
-  vectorises along the cache: about 10x faster on XLA CPU than a [B, L_max, H, Dh] cache with
-  32 positions (bench/RESULTS.md).
+  vectorises along the cache: about 6x faster on XLA CPU than a [B, L_max, H, Dh] cache with
+  32 positions (bench/micro.py).
   """
 
   k: jax.Array
