@@ -1,5 +1,6 @@
 """Decoding speed, side by side in one run: greedy and beam 4, with and without the KV cache
-and cross-attention K/V reuse, a cache that grows in stages against one of the full length
+and cross-attention K/V reuse, finished sentences dropped between chunks against the whole
+batch run in one jitted loop, a cache that grows in stages against one of the full length
 limit, the paper's beam stopping rule against CTranslate2's (k_finished), chunked early stopping
 against a full-length scan, and the same weights exported to CTranslate2 (--ctranslate2;
 pip install -r bench/requirements.txt).
@@ -24,6 +25,7 @@ _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _BEAMS = flags.DEFINE_list('beams', ['1', '4'], 'Beam sizes to measure.')
 _VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached (stop at K finished)',
+                                                'cached (one loop, no row dropping)',
                                                 'cached (full-length cache)',
                                                 'cached (one full-length scan)',
                                                 'no cross-K/V reuse',
@@ -33,24 +35,25 @@ _CT2 = flags.DEFINE_bool('ctranslate2', False, 'Also run the model exported to C
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
-VARIANTS = [  # (name, cache_mode, chunk, grow_cache, beam_stop); chunk 0: one full-length scan
-    ('cached', 'cached', 8, True, 'bound'),
-    ('cached (stop at K finished)', 'cached', 8, True, 'k_finished'),
-    ('cached (full-length cache)', 'cached', 8, False, 'bound'),
-    ('cached (one full-length scan)', 'cached', 0, False, 'bound'),
-    ('no cross-K/V reuse', 'no_cross_reuse', 8, True, 'bound'),
-    ('uncached (prefix recomputed)', 'uncached', 8, False, 'bound'),
+VARIANTS = [  # (name, cache_mode, chunk, grow_cache, beam_stop, compact); chunk 0: one scan
+    ('cached', 'cached', 8, True, 'bound', True),
+    ('cached (stop at K finished)', 'cached', 8, True, 'k_finished', True),
+    ('cached (one loop, no row dropping)', 'cached', 8, True, 'bound', False),
+    ('cached (full-length cache)', 'cached', 8, False, 'bound', False),
+    ('cached (one full-length scan)', 'cached', 0, False, 'bound', False),
+    ('no cross-K/V reuse', 'no_cross_reuse', 8, True, 'bound', False),
+    ('uncached (prefix recomputed)', 'uncached', 8, False, 'bound', False),
 ]
 
 
-def measure(model, rows, beam, cache_mode, chunk, grow_cache, beam_stop):
+def measure(model, rows, beam, cache_mode, chunk, grow_cache, beam_stop, compact):
   """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
   from transformer_nmt.inference import Translator
   chunk = chunk or 10**6  # longer than any output: the loop becomes a single scan
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=beam,
                           max_extra_len=_MAX_EXTRA.value, tokens_per_batch=_BATCH_TOKENS.value,
                           chunk=chunk, cache_mode=cache_mode, grow_cache=grow_cache,
-                          beam_stop=beam_stop)
+                          beam_stop=beam_stop, compact=compact)
   t0 = time.perf_counter()
   translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
@@ -102,9 +105,8 @@ def main(argv):
   table, seconds_of = [], {}
   for beam in [int(b) for b in _BEAMS.value]:
     reference = None
-    runs = [(name, lambda m=mode, c=chunk, g=grow, b=stop: measure(model, rows, beam, m, c, g, b))
-            for name, mode, chunk, grow, stop in variants
-            if beam > 1 or stop == 'bound']  # greedy has no beam stopping rule
+    runs = [(v[0], lambda v=v: measure(model, rows, beam, *v[1:])) for v in variants
+            if beam > 1 or v[4] == 'bound']  # greedy has no beam stopping rule
     if ct2_dir:
       runs.append(('CTranslate2 (same weights)',
                    lambda: measure_ctranslate2(model, rows, beam, ct2_dir)))

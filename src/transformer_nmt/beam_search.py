@@ -18,7 +18,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.decoding import LogitsFn, decode_loop, padded_length
+from transformer_nmt.decoding import LogitsFn, Search, decode_loop, padded_length
 from transformer_nmt.topk import top_k
 
 NEG_INF = -1.0e9  # finite, so that sums and comparisons of "impossible" scores stay well-defined
@@ -129,9 +129,9 @@ def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
   return cache.reorder_beams(gather) if hasattr(cache, 'reorder_beams') else gather(cache)
 
 
-def is_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
-  """True when, in every row, the best finished score beats the best any live beam can reach
-  (or, with stop='k_finished', the row holds K finished hypotheses).
+def rows_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
+  """[B] bool: the row's best finished score beats the best any live beam can reach (or,
+  with stop='k_finished', the row holds K finished hypotheses). A done row stays done.
 
   log P only falls as a beam grows, and lp grows with length, so a live beam's best possible
   score is its log P divided by the penalty at the row's length limit.
@@ -140,7 +140,12 @@ def is_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound'
   done = (s.scores[:, 0] >= best_possible) | (s.logprobs[:, 0] <= NEG_INF / 2)
   if stop == 'k_finished':
     done |= s.scores[:, -1] > NEG_INF / 2
-  return jnp.all(done)
+  return done
+
+
+def is_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
+  """True when every row is done (`rows_done`)."""
+  return jnp.all(rows_done(s, max_lens, alpha, stop))
 
 
 def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
@@ -148,6 +153,28 @@ def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
   has_finished = s.scores[:, 0] > NEG_INF / 2
   ids = jnp.where(has_finished[:, None], s.finished[:, 0], s.seqs[:, 0])
   return ids, jnp.where(has_finished, s.scores[:, 0], s.logprobs[:, 0])
+
+
+def result(s: BeamState, eos_id: int, pad_id: int) -> jax.Array:
+  """`finalize`'s ids [B, L] with padding after the first EOS."""
+  ids = finalize(s)[0]
+  after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0
+  return jnp.where(after_eos, pad_id, ids)
+
+
+def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int, length: int,
+         stop: str = 'bound') -> Search:
+  """Beam search as a `decoding.Search` over outputs of `length` positions (see
+  `beam_search`); its `init` tiles the cache to K beams."""
+  if stop not in STOPS:
+    raise ValueError(f'beam stop={stop!r}; expected one of {STOPS}')
+  return Search(
+      beam_size,
+      lambda cache, max_lens: init_state(cache, max_lens.shape[0], beam_size, length, pad_id),
+      lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id,
+                                          eos_id=eos_id, stop=stop),
+      lambda s, max_lens: rows_done(s, max_lens, alpha, stop),
+      lambda s: result(s, eos_id, pad_id))
 
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
@@ -169,15 +196,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_si
   Returns:
     ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
   """
-  if stop not in STOPS:
-    raise ValueError(f'beam stop={stop!r}; expected one of {STOPS}')
-  batch = max_lens.shape[0]
-  state = init_state(cache, batch, beam_size, padded_length(max_len, chunk), pad_id)
-  final = decode_loop(
-      lambda s: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id, eos_id=eos_id,
-                     stop=stop),
-      lambda s: is_done(s, max_lens, alpha, stop), state, max_len, chunk, grow_cache)
-  ids, scores = finalize(final)
-  ids = ids[:, :max_len]
-  after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0
-  return jnp.where(after_eos, pad_id, ids), scores
+  search = beam(beam_size=beam_size, alpha=alpha, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                length=padded_length(max_len, chunk), stop=stop)
+  final = decode_loop(lambda s: search.step(s, logits_fn, max_lens),
+                      lambda s: jnp.all(search.rows_done(s, max_lens)),
+                      search.init(cache, max_lens), max_len, chunk, grow_cache)
+  return search.result(final)[:, :max_len], finalize(final)[1]

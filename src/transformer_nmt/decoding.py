@@ -8,6 +8,7 @@ plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import flax
@@ -76,6 +77,34 @@ def padded_length(max_len: int, chunk: int) -> int:
   return -(-max_len // chunk) * chunk
 
 
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """A search as the loops that drive it see it: `decode_loop` inside one jit, or
+  `compaction.CompactingDecoder` from the host, which drops finished sentences.
+
+  beams: K hypotheses per sentence (1 for greedy); a state's per-sentence leaves are [B, ...]
+    and its per-hypothesis leaves [B*K, ...] (`compaction.take_rows` relies on it).
+  init(cache, max_lens) -> state, from the decoder cache for B sentences.
+  step(state, logits_fn, max_lens) -> state, one more token per live hypothesis.
+  rows_done(state, max_lens) -> [B] bool; a done row must stay done and unchanged.
+  result(state) -> [B, L] ids: tokens, EOS, then padding.
+  """
+
+  beams: int
+  init: Callable[[Any, jax.Array], Any]
+  step: Callable[[Any, LogitsFn, jax.Array], Any]
+  rows_done: Callable[[Any, jax.Array], jax.Array]
+  result: Callable[[Any], jax.Array]
+
+  def run(self, logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, num_steps: int,
+          chunk: int = 8, grow_cache: bool = True) -> jax.Array:
+    """The whole search in one jittable loop (`decode_loop`): [B, num_steps] ids."""
+    final = decode_loop(lambda s: self.step(s, logits_fn, max_lens),
+                        lambda s: jnp.all(self.rows_done(s, max_lens)),
+                        self.init(cache, max_lens), num_steps, chunk, grow_cache)
+    return self.result(final)[:, :num_steps]
+
+
 @flax.struct.dataclass
 class GreedyState:
   """t: [] steps taken; ids: [B, L] output so far; done: [B]; cache: the model's cache."""
@@ -85,6 +114,29 @@ class GreedyState:
   done: jax.Array
   cache: Any
   rng: Optional[jax.Array] = None
+
+
+def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int, temperature: float = 0.0,
+           top_k: int = 0, rng: Optional[jax.Array] = None) -> Search:
+  """Greedy decoding (temperature 0), or sampling with temperature and optional top-k, into
+  outputs of `length` positions (see `greedy_search`)."""
+  def init(cache: Any, max_lens: jax.Array) -> GreedyState:
+    if temperature > 0.0 and rng is None:
+      raise ValueError('sampling (temperature > 0) needs an rng')
+    batch = max_lens.shape[0]
+    return GreedyState(jnp.int32(0), jnp.full((batch, length), pad_id, jnp.int32),
+                       jnp.zeros((batch,), bool), cache, rng)
+
+  def step(s: GreedyState, logits_fn: LogitsFn, max_lens: jax.Array) -> GreedyState:
+    prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
+    logits, cache = logits_fn(prev, s.cache)
+    token = _pick(logits, temperature, top_k, s.rng, s.t)
+    token = jnp.where(s.t + 1 >= max_lens, eos_id, token)  # length limit: close the row
+    token = jnp.where(s.done, pad_id, token)
+    ids = jax.lax.dynamic_update_slice_in_dim(s.ids, token[:, None], s.t, axis=1)
+    return s.replace(t=s.t + 1, ids=ids, done=s.done | (token == eos_id), cache=cache)
+
+  return Search(1, init, step, lambda s, max_lens: s.done, lambda s: s.ids)
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
@@ -106,34 +158,20 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_i
   Returns:
     [B, L] ids: each row's tokens, then EOS, then pad_id.
   """
-  batch = max_lens.shape[0]
-  length = padded_length(max_len, chunk)
-  state = GreedyState(jnp.int32(0), jnp.full((batch, length), pad_id, jnp.int32),
-                      jnp.zeros((batch,), bool), cache, rng)
-
-  def step(s: GreedyState) -> GreedyState:
-    prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
-    logits, cache = logits_fn(prev, s.cache)
-    token, rng = _pick(logits, temperature, top_k, s.rng, s.t)
-    token = jnp.where(s.t + 1 >= max_lens, eos_id, token)  # length limit: close the row
-    token = jnp.where(s.done, pad_id, token)
-    ids = jax.lax.dynamic_update_slice_in_dim(s.ids, token[:, None], s.t, axis=1)
-    return GreedyState(s.t + 1, ids, s.done | (token == eos_id), cache, rng)
-
-  final = decode_loop(step, lambda s: jnp.all(s.done), state, max_len, chunk, grow_cache)
-  return final.ids[:, :max_len]
+  search = greedy(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                  length=padded_length(max_len, chunk), temperature=temperature, top_k=top_k,
+                  rng=rng)
+  return search.run(logits_fn, cache, max_lens, max_len, chunk, grow_cache)
 
 
 def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.Array],
-          t: jax.Array) -> tuple[jax.Array, Optional[jax.Array]]:
+          t: jax.Array) -> jax.Array:
   """argmax, or a sample from softmax(logits / temperature) restricted to the top k."""
   if temperature <= 0.0:  # argmax; topk.top_k picks the same (lowest) index on ties and is
-    return topk.top_k(logits, 1)[1][:, 0], rng  # ~10x faster on XLA CPU (bench/micro.py)
-  if rng is None:
-    raise ValueError('sampling (temperature > 0) needs an rng')
+    return topk.top_k(logits, 1)[1][:, 0]  # ~10x faster on XLA CPU (bench/micro.py)
   logits = logits.astype(jnp.float32) / temperature
   if top_k > 0:
     kth = topk.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   token = jax.random.categorical(jax.random.fold_in(rng, t), logits, axis=-1)
-  return token.astype(jnp.int32), rng
+  return token.astype(jnp.int32)

@@ -16,7 +16,7 @@ from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.tokenizer import Tokenizer
-from transformer_nmt.translate import translate
+from transformer_nmt.translate import CompactingTranslate, translate
 
 
 @dataclasses.dataclass
@@ -104,14 +104,19 @@ class Translator:
                beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
                tokens_per_batch: int = 4096, chunk: int = 8, cache_mode: str = 'cached',
                temperature: float = 0.0, top_k: int = 0, seed: int = 0,
-               grow_cache: bool = True, beam_stop: str = 'bound'):
+               grow_cache: bool = True, beam_stop: str = 'bound', compact: bool = True):
+    """`compact` drops finished sentences between chunks of steps (translate.CompactingTranslate,
+    'cached' decoding only); without it each batch runs as one jitted loop (translate.translate)."""
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, tokens_per_batch
     self._rng = jax.random.key(seed)  # sampling only: batch i uses fold_in(rng, i)
-    self._translate = jax.jit(functools.partial(
-        translate, cfg, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
-        beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, chunk=chunk,
-        cache_mode=cache_mode, temperature=temperature, top_k=top_k, grow_cache=grow_cache,
-        beam_stop=beam_stop))
+    search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
+                  beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, chunk=chunk,
+                  temperature=temperature, top_k=top_k, beam_stop=beam_stop)
+    if compact and cache_mode == 'cached':
+      self._translate = CompactingTranslate(cfg, **search)
+    else:
+      self._translate = jax.jit(functools.partial(translate, cfg, cache_mode=cache_mode,
+                                                  grow_cache=grow_cache, **search))
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
                     progress: Optional[Callable[[int], None]] = None) -> list[np.ndarray]:

@@ -1,0 +1,116 @@
+"""Decoding that drops finished sentences from the batch, driven from the host.
+
+A search jitted as one loop (`decoding.Search.run`) steps every row until the last one is
+done; in a batch of 5- to 40-token sentences most of the work then goes to rows already
+finished. `CompactingDecoder` runs the search `chunk` steps per call and, between calls, reads
+which rows are done: once at most half of them are live, it gathers the live ones into a
+smaller batch (the next power of two, at least `min_rows`), as CTranslate2 does between its
+steps. It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
+length) pair it meets compiles its own step, so the first batches compile more than the
+single loop does; later batches of the same shapes reuse them.
+
+Dimension legend: B batch (sentences), K beams, L output length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_nmt.decoding import LogitsFn, Search, cache_stages
+
+
+def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:
+  """Keeps sentences `rows` ([R] indices into B) of a search state: leaves [B, ...] become
+  [R, ...], leaves [B*K, ...] (the K hypotheses of each sentence) become [R*K, ...], scalars
+  (step counters, cache indices, rng keys) stay."""
+  def take(x: jax.Array) -> jax.Array:
+    if not x.ndim:
+      return x
+    if x.shape[0] == batch:
+      return x[rows]
+    if x.shape[0] == batch * beams:
+      return x.reshape((batch, beams) + x.shape[1:])[rows].reshape((-1,) + x.shape[1:])
+    raise ValueError(f'leaf of shape {x.shape} is neither per sentence ({batch}) nor per '
+                     f'hypothesis ({batch * beams})')
+  return jax.tree_util.tree_map(take, tree)
+
+
+def compacted_size(live: int, rows: int, min_rows: int) -> int:
+  """Batch size to continue with: the next power of two >= `live` (and >= `min_rows`), or
+  `rows` (no compaction) unless that at least halves the batch."""
+  size = max(min_rows, 1 << max(live - 1, 0).bit_length())
+  return size if 2 * size <= rows else rows
+
+
+class CompactingDecoder:
+  """Runs a `Search` in chunks of steps from the host, dropping finished sentences.
+
+  Args:
+    search_of: the search for outputs of a given (static) length L.
+    logits_fn_of: parameters -> the decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`.
+    chunk: steps per call; rows are checked and compacted between calls.
+    min_rows: never compact below this many rows (small batches cost about the same).
+  """
+
+  def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
+               chunk: int = 8, min_rows: int = 8):
+    self.search_of, self.logits_fn_of = search_of, logits_fn_of
+    self.chunk, self.min_rows = chunk, min_rows
+    self.rows_per_chunk: list[int] = []  # the last call's batch size in each chunk
+    self._advance = jax.jit(self._advance_impl, static_argnums=(3,))
+    self._result = jax.jit(lambda s, length: self.search_of(length).result(s),
+                           static_argnums=(1,))
+    self._take = jax.jit(take_rows, static_argnums=(2, 3))
+    self._resize = jax.jit(lambda s, n: s.replace(cache=s.cache.resize(n)), static_argnums=(1,))
+
+  def cache_lengths(self, length: int) -> list[int]:
+    """Self-attention cache lengths the decoding of `length` steps goes through; the caller
+    makes the first one (a cache of another length is resized first)."""
+    return cache_stages(length, self.chunk)
+
+  def _advance_impl(self, params: Any, state: Any, max_lens: jax.Array,
+                    length: int) -> tuple[Any, jax.Array]:
+    search, logits_fn = self.search_of(length), self.logits_fn_of(params)
+    state, _ = jax.lax.scan(lambda s, _: (search.step(s, logits_fn, max_lens), None), state,
+                            None, length=self.chunk)
+    return state, search.rows_done(state, max_lens)
+
+  def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int) -> np.ndarray:
+    """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids.
+
+    `length` must be a multiple of `chunk`; max_lens [B] <= length are the rows' limits.
+    """
+    if length % self.chunk:
+      raise ValueError(f'output length {length} is not a multiple of chunk {self.chunk}')
+    beams = self.search_of(length).beams
+    origin = np.arange(max_lens.shape[0])  # each state row's sentence; -1: a filler row
+    out: list[np.ndarray] = [np.zeros(0)] * len(origin)
+    stages = iter(self.cache_lengths(length))
+    cache_len, t = 0, 0
+    self.rows_per_chunk = []
+    while True:
+      if t == cache_len:
+        cache_len = next(stages)
+        state = self._resize(state, cache_len)
+      state, done = self._advance(params, state, max_lens, length)
+      self.rows_per_chunk.append(len(origin))
+      t += self.chunk
+      done = np.asarray(done) | (origin < 0)
+      live = np.flatnonzero(~done)
+      size = compacted_size(len(live), len(origin), self.min_rows)
+      finishing = not len(live) or t >= length  # the searches end every row by `length`
+      if finishing or size < len(origin):
+        ids = np.asarray(self._result(state, length))
+        for row in np.arange(len(origin)) if finishing else np.flatnonzero(done):
+          if origin[row] >= 0:
+            out[origin[row]] = ids[row]
+      if finishing:
+        return np.stack(out)
+      if size < len(origin):
+        keep = np.concatenate([live, np.full(size - len(live), live[0])])
+        state, max_lens = self._take((state, max_lens), jnp.asarray(keep), len(origin), beams)
+        origin = np.concatenate([origin[live], np.full(size - len(live), -1)])

@@ -1,0 +1,95 @@
+"""Dropping finished sentences between chunks gives what the one-loop search gives."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_nmt import ModelConfig, init_params
+from transformer_nmt.beam_search import beam
+from transformer_nmt.compaction import CompactingDecoder, compacted_size, take_rows
+from transformer_nmt.decoding import greedy
+from transformer_nmt.translate import CompactingTranslate, translate
+
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = 7
+
+
+@flax.struct.dataclass
+class SentenceCache:
+  """A stand-in decoder cache: which sentence each hypothesis row belongs to ([N])."""
+
+  sentence: jax.Array
+
+  def resize(self, length: int) -> 'SentenceCache':
+    return self
+
+
+def tables(num_sentences: int) -> jnp.ndarray:
+  """Per-sentence Markov tables [B, V, V] whose EOS grows likelier at different speeds, so
+  the sentences of one batch finish at different steps."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(scale=2.0, size=(num_sentences, VOCAB, VOCAB))
+  logits[:, :, [PAD, BOS]] = -1e9
+  logits[:, :, EOS] += np.linspace(-6.0, 3.0, num_sentences)[:, None]
+  return jax.nn.log_softmax(jnp.asarray(logits))
+
+
+def sentence_logits_fn(table):
+  def logits_fn(ids, cache):
+    return table[cache.sentence, ids], cache
+  return logits_fn
+
+
+@pytest.mark.parametrize('beams', [1, 3])
+def test_compacting_decoder_matches_the_one_loop_search(beams):
+  num, length, chunk = 16, 24, 2
+  table = tables(num)
+  limits = jnp.asarray(np.random.default_rng(1).integers(3, length + 1, num))
+  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, length=length)
+  search_of = (lambda n: greedy(**{**kw, 'length': n})) if beams == 1 else (
+      lambda n: beam(beam_size=beams, alpha=0.6, **{**kw, 'length': n}))
+  cache = SentenceCache(jnp.arange(num))
+  expected = search_of(length).run(sentence_logits_fn(table), cache, limits, length, chunk)
+  decoder = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1)
+  got = decoder(table, search_of(length).init(cache, limits), limits, length)
+  np.testing.assert_array_equal(got, np.asarray(expected))
+  sizes = decoder.rows_per_chunk
+  assert sizes[0] == num and sizes[-1] < num // 2, sizes  # it did drop finished sentences
+  assert sizes == sorted(sizes, reverse=True)
+
+
+def test_take_rows_keeps_sentences_and_their_hypotheses():
+  state = {'t': jnp.int32(3), 'per_sentence': jnp.arange(4) * 10,
+           'per_hypothesis': jnp.arange(8).reshape(8, 1)}
+  got = take_rows(state, jnp.array([2, 0]), batch=4, beams=2)
+  assert int(got['t']) == 3
+  np.testing.assert_array_equal(got['per_sentence'], [20, 0])
+  np.testing.assert_array_equal(got['per_hypothesis'][:, 0], [4, 5, 0, 1])
+  with pytest.raises(ValueError, match='neither per sentence'):
+    take_rows({'x': jnp.zeros(5)}, jnp.array([0]), batch=4, beams=2)
+
+
+@pytest.mark.parametrize('live, rows, min_rows, size', [
+    (100, 256, 8, 128), (129, 256, 8, 256), (3, 256, 8, 8), (0, 64, 8, 8), (5, 12, 8, 12),
+    (1, 2, 1, 1)])
+def test_compacted_size(live, rows, min_rows, size):
+  assert compacted_size(live, rows, min_rows) == size
+
+
+@pytest.mark.parametrize('beam_size', [1, 3])
+def test_compacting_translate_matches_translate(beam_size):
+  """A random model rarely ends early, so the rows' length limits (source length + 6) end
+  them at different steps; the compacting path gives the one-loop outputs."""
+  cfg = ModelConfig(vocab_size=24, num_layers=1, d_model=16, d_ff=32, num_heads=2,
+                    residual_dropout=0.0, embedding_dropout=0.0)
+  params = init_params(cfg, jax.random.key(0))
+  lens = np.array([1, 2, 3, 5, 8, 10])
+  seg = (np.arange(10)[None] < lens[:, None]).astype(np.int32)
+  src = np.where(seg > 0, np.random.default_rng(2).integers(4, 24, seg.shape), PAD)
+  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, beam_size=beam_size, max_extra_len=6, chunk=2)
+  expected = translate(cfg, params, jnp.asarray(src), jnp.asarray(seg), **kw)
+  compacting = CompactingTranslate(cfg, min_rows=1, **kw)
+  np.testing.assert_array_equal(compacting(params, src, seg), np.asarray(expected))
+  assert compacting.decoder.rows_per_chunk[-1] < len(lens)
