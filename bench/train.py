@@ -36,7 +36,8 @@ _LENGTH = flags.DEFINE_integer('length', 24, 'Padded length of source and target
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per variant.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 8000, 'Shared vocabulary size.')
 _VARIANTS = flags.DEFINE_list('variants', ['jax-float32', 'jax-bfloat16', 'torch-float32',
-                                           'torch-bfloat16'], 'What to run, in this order.')
+                                           'torch-bfloat16'], 'What to run, in this order; '
+                             'jax-DTYPE-remat recomputes layer activations in the backward pass.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/train.py section.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: run one variant and print JSON.')
@@ -113,7 +114,7 @@ def _timed(fn) -> float:
   return time.perf_counter() - t0
 
 
-def run_jax(dtype: str) -> dict:
+def run_jax(dtype: str, remat: bool = False) -> dict:
   import functools
 
   import jax
@@ -126,6 +127,7 @@ def run_jax(dtype: str) -> dict:
   m = model_section()
   m_cfg = {k: v for k, v in m.items() if k != 'vocab_size'}
   m_cfg['dtype'] = dtype
+  m_cfg['remat'] = remat or m_cfg.get('remat', False)
   cfg = model_config_from_dict(m_cfg, vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])
   t = ml_collections.ConfigDict(dict(warmup_steps=4000, learning_rate_multiplier=1.0,
                                      adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
@@ -257,8 +259,8 @@ def peak_matmul_torch(dtype: str, n: int = 2048, repeats: int = 5) -> float:
 # ----------------------------------------------------------------------------- driver
 
 def child(variant: str) -> None:
-  framework, dtype = variant.split('-')
-  result = run_jax(dtype) if framework == 'jax' else run_torch(dtype)
+  framework, dtype, *extra = variant.split('-')  # e.g. jax-bfloat16-remat
+  result = run_jax(dtype, 'remat' in extra) if framework == 'jax' else run_torch(dtype)
   print('RESULT ' + json.dumps(result))
 
 

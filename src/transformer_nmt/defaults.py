@@ -22,6 +22,7 @@ def default_config() -> ml_collections.ConfigDict:
       share_embeddings=True,  # shared source/target embedding, joint vocabulary
       tie_output=True,  # target embedding = pre-softmax projection (§3.4)
       dtype='float32',  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
+      remat=False,  # recompute layer activations in the backward pass: less memory, more time
   )
   c.data = dict(
       source='text',  # 'text': the files below; 'tfds': tensorflow-datasets; 'demo': built-in

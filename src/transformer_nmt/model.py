@@ -154,8 +154,12 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.tgt_embed = Embed(cfg.vocab_size, cfg)
     self.src_embed = self.tgt_embed if cfg.share_embeddings else Embed(cfg.src_vocab, cfg)
-    self.encoder_layers = [EncoderLayer(cfg) for _ in range(cfg.num_layers)]
-    self.decoder_layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
+    encoder_layer, decoder_layer = EncoderLayer, DecoderLayer
+    if cfg.remat:  # keep only layer inputs for the backward pass; `deterministic` is static
+      encoder_layer = nn.remat(EncoderLayer, static_argnums=(3,))
+      decoder_layer = nn.remat(DecoderLayer, static_argnums=(5,))
+    self.encoder_layers = [encoder_layer(cfg) for _ in range(cfg.num_layers)]
+    self.decoder_layers = [decoder_layer(cfg) for _ in range(cfg.num_layers)]
     if cfg.norm_position == 'pre':  # pre-LN needs a final LayerNorm on each stack
       self.encoder_norm = _layer_norm(cfg)
       self.decoder_norm = _layer_norm(cfg)
