@@ -1,9 +1,11 @@
-"""Decoding speed, side by side in one run: greedy and beam 4, with and without the KV cache
-and cross-attention K/V reuse, finished sentences dropped between chunks against the whole
-batch run in one jitted loop, a cache that grows in stages against one of the full length
-limit, the paper's beam stopping rule against CTranslate2's (k_finished), chunked early stopping
-against a full-length scan, and the same weights exported to CTranslate2 (--ctranslate2;
-pip install -r bench/requirements.txt).
+"""Decoding speed, side by side in one run: greedy and beam 4; finished sentences dropped
+between chunks of steps ('cached', the default) against each batch run to its end in one jitted
+loop ('one loop ...'; the variants without the cache also run that way), float32 against
+bfloat16, the paper's beam stopping rule against CTranslate2's (k_finished), a cache that grows
+in stages against one of the full length limit, chunked early stopping against a full-length
+scan, with and without the KV cache and cross-attention K/V reuse, and the same weights
+exported to CTranslate2 in float32 and int8 (--ctranslate2; pip install -r
+bench/requirements.txt).
 
   python bench/decode.py --workdir runs/small --input ../shared/data/multi30k/test2016.en
 
@@ -25,35 +27,44 @@ _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _BEAMS = flags.DEFINE_list('beams', ['1', '4'], 'Beam sizes to measure.')
 _VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached (stop at K finished)',
-                                                'cached (one loop, no row dropping)',
-                                                'cached (full-length cache)',
-                                                'cached (one full-length scan)',
+                                                'cached bfloat16',
+                                                'cached bfloat16 (stop at K finished)',
+                                                'one loop per batch',
+                                                'one loop + full-length cache',
+                                                'one full-length scan',
                                                 'no cross-K/V reuse',
                                                 'uncached (prefix recomputed)'],
-                                   'Our decoder variants to run.')
+                                   'Our decoder variants to run (names in VARIANTS).')
 _CT2 = flags.DEFINE_bool('ctranslate2', False, 'Also run the model exported to CTranslate2.')
+_CT2_TYPES = flags.DEFINE_list('ct2_compute_types', ['float32', 'int8'],
+                               'CTranslate2 compute types to run (float32 = the same arithmetic '
+                               'as ours; int8 = its fastest on CPU).')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
-VARIANTS = [  # (name, cache_mode, chunk, grow_cache, beam_stop, compact); chunk 0: one scan
-    ('cached', 'cached', 8, True, 'bound', True),
-    ('cached (stop at K finished)', 'cached', 8, True, 'k_finished', True),
-    ('cached (one loop, no row dropping)', 'cached', 8, True, 'bound', False),
-    ('cached (full-length cache)', 'cached', 8, False, 'bound', False),
-    ('cached (one full-length scan)', 'cached', 0, False, 'bound', False),
-    ('no cross-K/V reuse', 'no_cross_reuse', 8, True, 'bound', False),
-    ('uncached (prefix recomputed)', 'uncached', 8, False, 'bound', False),
-]
+VARIANTS = {  # name -> Translator options that differ from the default (plus the compute dtype)
+    'cached': {},
+    'cached (stop at K finished)': dict(beam_stop='k_finished'),
+    'cached bfloat16': dict(dtype='bfloat16'),
+    'cached bfloat16 (stop at K finished)': dict(dtype='bfloat16', beam_stop='k_finished'),
+    'one loop per batch': dict(compact=False),
+    'one loop + full-length cache': dict(compact=False, grow_cache=False),
+    'one full-length scan': dict(compact=False, grow_cache=False, chunk=10**6),
+    'no cross-K/V reuse': dict(cache_mode='no_cross_reuse'),
+    'uncached (prefix recomputed)': dict(cache_mode='uncached', grow_cache=False),
+}
 
 
-def measure(model, rows, beam, cache_mode, chunk, grow_cache, beam_stop, compact):
+def measure(model, rows, beam, options):
   """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
+  import dataclasses
+
   from transformer_nmt.inference import Translator
-  chunk = chunk or 10**6  # longer than any output: the loop becomes a single scan
-  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=beam,
+  options = dict(options)
+  cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
+  translator = Translator(cfg, model.src_tok, model.tgt_tok, beam_size=beam,
                           max_extra_len=_MAX_EXTRA.value, tokens_per_batch=_BATCH_TOKENS.value,
-                          chunk=chunk, cache_mode=cache_mode, grow_cache=grow_cache,
-                          beam_stop=beam_stop, compact=compact)
+                          **options)
   t0 = time.perf_counter()
   translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
@@ -62,13 +73,18 @@ def measure(model, rows, beam, cache_mode, chunk, grow_cache, beam_stop, compact
   return first, time.perf_counter() - t0, outputs
 
 
-def measure_ctranslate2(model, rows, beam, directory):
+def ct2_name(compute_type):
+  return 'CTranslate2 (same weights)' if compute_type == 'float32' else f'CTranslate2, {compute_type}'
+
+
+def measure_ctranslate2(model, rows, beam, directory, compute_type):
   """(warm-up seconds, timed seconds, output id rows) for CTranslate2 on the same rows."""
   import os
 
   import ctranslate2
   translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=1,
-                                      intra_threads=os.cpu_count() or 1)
+                                      intra_threads=os.cpu_count() or 1,
+                                      compute_type=compute_type)
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
   options = dict(beam_size=beam, length_penalty=0.6, max_batch_size=_BATCH_TOKENS.value,
                  batch_type='tokens', max_decoding_length=max(map(len, rows)) + _MAX_EXTRA.value)
@@ -96,7 +112,9 @@ def main(argv):
             f'{model.cfg.num_layers} layers, d_model {model.cfg.d_model}, checkpoint steps '
             f'{model.steps}; batches of {_BATCH_TOKENS.value} padded source tokens.')
   print(header, flush=True)
-  variants = [v for v in VARIANTS if v[0] in _VARIANT_NAMES.value]
+  unknown = set(_VARIANT_NAMES.value) - set(VARIANTS)
+  if unknown:
+    raise app.UsageError(f'--variants: unknown {sorted(unknown)}; known: {list(VARIANTS)}')
   ct2_dir = None
   if _CT2.value:
     from transformer_nmt.ctranslate2_export import export
@@ -105,11 +123,12 @@ def main(argv):
   table, seconds_of = [], {}
   for beam in [int(b) for b in _BEAMS.value]:
     reference = None
-    runs = [(v[0], lambda v=v: measure(model, rows, beam, *v[1:])) for v in variants
-            if beam > 1 or v[4] == 'bound']  # greedy has no beam stopping rule
+    runs = [(name, lambda o=VARIANTS[name]: measure(model, rows, beam, o))
+            for name in _VARIANT_NAMES.value  # greedy has no beam stopping rule:
+            if beam > 1 or VARIANTS[name].get('beam_stop', 'bound') == 'bound']
     if ct2_dir:
-      runs.append(('CTranslate2 (same weights)',
-                   lambda: measure_ctranslate2(model, rows, beam, ct2_dir)))
+      runs += [(ct2_name(t), lambda t=t: measure_ctranslate2(model, rows, beam, ct2_dir, t))
+               for t in _CT2_TYPES.value]
     for name, run in runs:
       first, seconds, outputs = run()
       tokens = sum(len(o) + 1 for o in outputs)  # generated subwords incl. EOS
@@ -136,17 +155,18 @@ def main(argv):
 
 
 def ratios(seconds_of):
-  """Speed ratios of our cached decoder against the other variants, and of each of our
-  variants against CTranslate2, per beam."""
+  """Speed ratios, per beam: our cached decoder against the other variants, each of ours
+  against CTranslate2 in float32, and our bfloat16 ones against its int8."""
   out = []
   for (name, beam), seconds in seconds_of.items():
     base = seconds_of.get(('cached', beam))
-    if base and name != 'cached':
+    if base and name != 'cached' and not name.startswith('CTranslate2'):
       out.append(f'beam {beam}: cached is {seconds / base:.2f}x as fast as {name}')
-  for (name, beam), seconds in seconds_of.items():
-    ct2 = seconds_of.get(('CTranslate2 (same weights)', beam))
-    if ct2 and name not in ('cached', 'CTranslate2 (same weights)'):
-      out.append(f'beam {beam}: {name} is {ct2 / seconds:.2f}x as fast as CTranslate2')
+  for ct2, only in [(ct2_name('float32'), ''), (ct2_name('int8'), 'bfloat16')]:
+    for (name, beam), seconds in seconds_of.items():
+      theirs = seconds_of.get((ct2, beam))
+      if theirs and not name.startswith('CTranslate2') and only in name:
+        out.append(f'beam {beam}: {name} is {theirs / seconds:.2f}x as fast as {ct2}')
   return out
 
 
