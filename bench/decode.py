@@ -45,6 +45,8 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
 VARIANTS = {  # name -> Translator options that differ from the default (plus the compute dtype)
     'cached': {},
     'cached (stop at K finished)': dict(beam_stop='k_finished'),
+    'cached (chunks of 4 steps)': dict(chunk=4),
+    'cached (stop at K finished; chunks of 4)': dict(chunk=4, beam_stop='k_finished'),
     'cached bfloat16': dict(dtype='bfloat16'),
     'cached bfloat16 (stop at K finished)': dict(dtype='bfloat16', beam_stop='k_finished'),
     'one loop per batch': dict(compact=False),

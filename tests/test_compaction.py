@@ -72,8 +72,8 @@ def test_take_rows_keeps_sentences_and_their_hypotheses():
 
 
 @pytest.mark.parametrize('live, rows, min_rows, size', [
-    (100, 256, 8, 128), (129, 256, 8, 256), (3, 256, 8, 8), (0, 64, 8, 8), (5, 12, 8, 12),
-    (1, 2, 1, 1)])
+    (100, 256, 8, 128), (129, 256, 8, 192), (200, 256, 8, 256), (100, 160, 8, 128),
+    (13, 256, 8, 16), (3, 256, 8, 8), (0, 64, 8, 8), (5, 12, 8, 8), (1, 2, 1, 1), (3, 256, 1, 3)])
 def test_compacted_size(live, rows, min_rows, size):
   assert compacted_size(live, rows, min_rows) == size
 

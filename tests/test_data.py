@@ -137,3 +137,6 @@ def test_trim_rows_cuts_filler_rows_to_a_power_of_two():
   assert [p.rows for p in trim_rows(plans)] == [8, 64, 8, 4]
   assert [p.rows for p in trim_rows(plans, minimum=1)] == [8, 64, 1, 4]
   assert all(len(p.examples) <= p.rows for p in trim_rows(plans, minimum=1))
+  plans.append(BatchPlan(np.arange(20), 64, 16))
+  assert [p.rows for p in trim_rows(plans)][-1] == 32
+  assert [p.rows for p in trim_rows(plans, power_of_two=False)] == [8, 64, 8, 4, 24]

@@ -3,9 +3,9 @@
 A search jitted as one loop (`decoding.Search.run`) steps every row until the last one is
 done; in a batch of 5- to 40-token sentences most of the work then goes to rows already
 finished. `CompactingDecoder` runs the search `chunk` steps per call and, between calls, reads
-which rows are done: once at most half of them are live, it gathers the live ones into a
-smaller batch (the next power of two, at least `min_rows`), as CTranslate2 does between its
-steps. It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
+which rows are done and gathers the live ones into a smaller batch once one of the ladder
+8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences after every
+step). It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
 length) pair it meets compiles its own step, so the first batches compile more than the
 single loop does; later batches of the same shapes reuse them.
 
@@ -40,10 +40,17 @@ def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:
 
 
 def compacted_size(live: int, rows: int, min_rows: int) -> int:
-  """Batch size to continue with: the next power of two >= `live` (and >= `min_rows`), or
-  `rows` (no compaction) unless that at least halves the batch."""
-  size = max(min_rows, 1 << max(live - 1, 0).bit_length())
-  return size if 2 * size <= rows else rows
+  """Batch size to continue with: the smallest size of the ladder 8, 12, 16, 24, 32, 48, ...
+  (powers of two and 1.5x them, at least `min_rows`) that holds the `live` rows, or `rows`
+  (no compaction) when that is no smaller. The ladder bounds the shapes that compile."""
+  size = max(min_rows, 1)
+  while size < live:
+    size = size * 3 // 2 if size & (size - 1) == 0 and size >= 2 else _next_power_of_two(size)
+  return min(size, rows)
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << n.bit_length()
 
 
 class CompactingDecoder:

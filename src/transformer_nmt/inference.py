@@ -112,7 +112,8 @@ class Translator:
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
                   beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, chunk=chunk,
                   temperature=temperature, top_k=top_k, beam_stop=beam_stop)
-    if compact and cache_mode == 'cached':
+    self.compact = compact and cache_mode == 'cached'
+    if self.compact:
       self._translate = CompactingTranslate(cfg, **search)
     else:
       self._translate = jax.jit(functools.partial(translate, cfg, cache_mode=cache_mode,
@@ -126,7 +127,10 @@ class Translator:
       return out
     lengths = np.array([len(r) for r in rows])
     boundaries = data_lib.bucket_boundaries(int(lengths.max()))
-    plans = data_lib.trim_rows(data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch))
+    # Compacting decoding starts a bucket's last batch at its sentences rounded up to 8 rows
+    # (filler rows would fill the first chunks); the one-loop path keeps powers of two.
+    plans = data_lib.trim_rows(data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch),
+                               power_of_two=not self.compact)
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
       ids = np.asarray(self._translate(params, src, segments,
