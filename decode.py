@@ -9,7 +9,7 @@ import time
 
 from absl import app, flags
 
-from transformer_nmt.cli import main_running
+from transformer_nmt.cli import main_running, use_compile_cache
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
@@ -26,9 +26,14 @@ _BEAM_STOP = flags.DEFINE_enum('beam_stop', 'bound', ['bound', 'k_finished'],  #
                                'beat its best finished hypothesis (tensor2tensor, the paper); '
                                'k_finished = also once beam_size hypotheses have finished '
                                '(OpenNMT, CTranslate2; fewer steps).')
-_COMPACT = flags.DEFINE_bool('compact', True, 'Drop finished sentences from a batch between '
-                             'chunks of 8 steps (faster); --nocompact runs each batch as one '
-                             'jitted loop until its last sentence ends.')
+_COMPACT = flags.DEFINE_bool('compact', True, 'Drop finished sentences from a batch every '
+                             '--chunk steps (faster); --nocompact runs each batch as one jitted '
+                             'loop until its last sentence ends.')
+_CHUNK = flags.DEFINE_integer('chunk', 4, 'Decoding steps between checks for finished sentences '
+                              '(and, with --compact, between compactions of the batch).')
+_COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled programs in '
+                                   'WORKDIR/compile_cache, so a later run with the same batch '
+                                   'shapes skips most compilation (JAX persistent cache).')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.0, 'Sample with this temperature instead of '
@@ -82,9 +87,13 @@ def run() -> None:
   refs = _read(_REFERENCE.value) if _REFERENCE.value else None
   if refs is not None and len(refs) != len(lines):
     raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(lines)}')
-  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _MAX_EXTRA.value < 0 or _TOP_K.value < 0:
-    raise DataError('--beam_size and --batch_tokens must be positive, --max_extra_len and '
-                    '--top_k non-negative')
+  if min(_BEAM.value, _BATCH_TOKENS.value, _CHUNK.value) < 1 or min(_MAX_EXTRA.value,
+                                                                    _TOP_K.value) < 0:
+    raise DataError('--beam_size, --batch_tokens and --chunk must be positive, --max_extra_len '
+                    'and --top_k non-negative')
+  if _COMPILE_CACHE.value:  # before loading, which compiles too
+    import os
+    use_compile_cache(os.path.join(_WORKDIR.value, 'compile_cache'))
   model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
   search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
             if _TEMPERATURE.value > 0 else
@@ -94,7 +103,7 @@ def run() -> None:
                           alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA.value,
                           tokens_per_batch=_BATCH_TOKENS.value, temperature=_TEMPERATURE.value,
                           top_k=_TOP_K.value, seed=_SEED.value, beam_stop=_BEAM_STOP.value,
-                          compact=_COMPACT.value)
+                          compact=_COMPACT.value, chunk=_CHUNK.value)
   t0 = time.time()
   hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
   seconds = time.time() - t0

@@ -9,7 +9,7 @@ import signal
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_nmt.cli import config_flag_parser, fail, quiet_logging
+from transformer_nmt.cli import config_flag_parser, fail, quiet_logging, use_compile_cache
 from transformer_nmt.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
@@ -21,6 +21,9 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', 1, 'Number of processes.'
 _PROCESS_ID = flags.DEFINE_integer('process_id', 0, 'This process, 0..num_processes-1.')
 _AUTO_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Let JAX detect the processes '
                                       '(TPU pods, SLURM, Open MPI).')
+_COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled programs in '
+                                   'WORKDIR/compile_cache, so a resumed run loads its train '
+                                   'and eval steps instead of compiling them again.')
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -37,6 +40,9 @@ def main(argv: list[str]) -> None:
   if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
     fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
   from transformer_nmt import sharding, trainer  # after flag parsing: keeps --help fast
+  if _COMPILE_CACHE.value:
+    import os
+    use_compile_cache(os.path.join(_WORKDIR.value, 'compile_cache'))
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
   try:

@@ -27,7 +27,8 @@ def test_train_end_to_end_then_resume(tmp_path):
   workdir = tmp_path / 'run'
   first = run_train(workdir)
   assert first.returncode == 0, first.stderr[-3000:]
-  for name in ('config.json', 'spm.model', 'metrics.jsonl', 'checkpoints/20', 'tensorboard'):
+  for name in ('config.json', 'spm.model', 'metrics.jsonl', 'checkpoints/20', 'tensorboard',
+               'compile_cache'):
     assert (workdir / name).exists(), name
   rows = metrics(workdir)
   train_rows = [r for r in rows if 'train_loss' in r]

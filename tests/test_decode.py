@@ -86,11 +86,18 @@ def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
                                                                    'attention_2.png']
 
 
-def test_decode_cli_reads_stdin(tiny_workdir, test_lines):
-  result = run_decode('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4',
-                      stdin='\n'.join(test_lines[:2]) + '\n\n')
+def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_lines):
+  cache = tiny_workdir / 'compile_cache'
+  shutil.rmtree(cache, ignore_errors=True)
+  flags = ('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4')
+  result = run_decode(*flags, stdin='\n'.join(test_lines[:2]) + '\n\n')
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.split('\n')[2] == '' and len(result.stdout.split('\n')) == 4
+  entries = sorted(p.name for p in cache.iterdir())
+  assert any(name.startswith('jit__advance') for name in entries), entries  # search steps
+  again = run_decode(*flags, stdin='\n'.join(test_lines[:2]) + '\n\n')  # from the cache
+  assert again.returncode == 0 and again.stdout == result.stdout, again.stderr[-3000:]
+  assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new was compiled
 
 
 def _clean_failure(result, message):
@@ -105,6 +112,8 @@ def test_decode_bad_input(tiny_workdir, tmp_path):
                  'no checkpoint at step 7; available: [10, 20]')
   _clean_failure(run_decode('--workdir', wd, '--average_last', '9', stdin='x\n'),
                  'keeps only 2 checkpoints')
+  _clean_failure(run_decode('--workdir', wd, '--chunk', '0', stdin='x\n'),
+                 'and --chunk must be positive')
   (tmp_path / 'ref').write_text('a\nb\n')
   _clean_failure(run_decode('--workdir', wd, '--reference', str(tmp_path / 'ref'), stdin='x\n'),
                  'has 2 lines but the input has 1')
