@@ -10,7 +10,10 @@ python bench/train.py --config configs/small.py --batch 64 --length 24 --steps 2
 python bench/train.py --config configs/base.py --batch 32 --length 32 --steps 8 \
   --vocab_size 37000 --variants jax-float32,jax-bfloat16,torch-float32,torch-bfloat16 \
   --markdown bench/RESULTS.md --section base
+python bench/train.py --config configs/base.py --batch 64 --length 64 --steps 3 \
+  --vocab_size 37000 --variants jax-bfloat16,jax-bfloat16-remat \
+  --markdown bench/RESULTS.md --section remat
 python bench/micro.py --markdown bench/RESULTS.md
 python bench/decode.py --workdir "$workdir" --input ../shared/data/multi30k/test2016.en \
-  --max_sentences 500 --variants 'cached,cached (stop at K finished),cached (full-length cache)' \
+  --variants 'cached,cached (stop at K finished),cached (chunks of 8 steps),cached bfloat16,cached bfloat16 (stop at K finished),one loop per batch' \
   --ctranslate2 --markdown bench/RESULTS.md

@@ -6,7 +6,10 @@ Every variant runs in its own subprocess (so peak memory is its own) on the same
 B rows whose source and target lengths are drawn in [length/2, length] (seeded), padded to
 `length`. Printed per variant: real (non-padding) source + target tokens/s, step time (median
 and spread over the timed steps; compilation or the first step apart), achieved FLOP/s and MFU
-against the peak matmul rate measured in this same run, and peak memory. PyTorch is optional
+against the peak matmul rate measured in this same run (the better of a measurement before and
+one after the steps: this machine's speed drifts with its neighbours' load), peak memory (the
+process's peak RSS on CPU) and, for ours, XLA's planned temporary buffers (activations and
+workspace of the compiled step, independent of the allocator). PyTorch is optional
 (`pip install -r bench/requirements.txt`); without it only our variants run.
 
 FLOPs are the model's matmul FLOPs on the padded batch (forward x 3 for forward + backward),
@@ -137,6 +140,8 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   step = jax.jit(functools.partial(train_step, label_smoothing=0.1,
                                    learning_rate_fn=learning_rate_fn(cfg, t)), donate_argnums=0)
   rng = jax.random.key(1)
+  peak_dtype = 'bfloat16' if dtype == 'bfloat16' else 'float32'
+  peak_before = peak_matmul_jax(peak_dtype)
   t0 = time.perf_counter()
   compiled = step.lower(state, batch, rng).compile()
   compile_s = time.perf_counter() - t0
@@ -148,7 +153,9 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   result = time_steps(one, _STEPS.value)
   result['compile_s'] = compile_s
   result['xla_flops'] = (compiled.cost_analysis() or {}).get('flops')
-  result['peak_flops'] = peak_matmul_jax('bfloat16' if dtype == 'bfloat16' else 'float32')
+  result['peak_flops'] = max(peak_before, peak_matmul_jax(peak_dtype))
+  memory = compiled.memory_analysis()
+  result['temp_mb'] = memory.temp_size_in_bytes / 2 ** 20 if memory else None
   result['device'] = jax.devices()[0].device_kind
   result['memory_mb'] = _jax_peak_memory_mb()
   return result
@@ -221,9 +228,11 @@ def run_torch(dtype: str) -> dict:
                              ignore_index=0, label_smoothing=0.1)
     loss.backward()
     opt.step()
+  peak_before = peak_matmul_torch(dtype)
   result = time_steps(one, _STEPS.value)
   result['compile_s'] = None
-  result['peak_flops'] = peak_matmul_torch(dtype)
+  result['peak_flops'] = max(peak_before, peak_matmul_torch(dtype))
+  result['temp_mb'] = None
   result['device'] = 'cpu (torch %s)' % torch.__version__
   result['memory_mb'] = peak_rss_mb()
   return result
@@ -280,8 +289,8 @@ def run_variant(variant: str) -> dict | None:
 
 def table(results: dict[str, dict], real_tokens: int, flops: float) -> str:
   head = ('| variant | real tok/s | step ms (median) | spread (p10-p90) | compile / first s | '
-          'TFLOP/s | peak matmul TFLOP/s | MFU | peak memory MB |\n'
-          '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n')
+          'TFLOP/s | peak matmul TFLOP/s | MFU | peak memory MB | XLA temp MB |\n'
+          '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n')
   rows = []
   for name, r in results.items():
     times = sorted(r['times'])
@@ -291,8 +300,12 @@ def table(results: dict[str, dict], real_tokens: int, flops: float) -> str:
     rows.append(f"| {name} | {real_tokens / median:,.0f} | {1e3 * median:.1f} | "
                 f"{1e3 * p10:.1f}-{1e3 * p90:.1f} | {first:.1f} | {flops / median / 1e12:.3f} | "
                 f"{r['peak_flops'] / 1e12:.3f} | {100 * flops / median / r['peak_flops']:.0f}% | "
-                f"{r['memory_mb']:,.0f} |")
+                f"{r['memory_mb']:,.0f} | {_mb(r.get('temp_mb'))} |")
   return head + '\n'.join(rows) + '\n'
+
+
+def _mb(value: float | None) -> str:
+  return '-' if value is None else f'{value:,.0f}'
 
 
 def ratios(results: dict[str, dict]) -> list[str]:

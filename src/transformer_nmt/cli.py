@@ -29,7 +29,7 @@ def use_compile_cache(directory: str) -> None:
   one search step per batch size and cache length it meets, tens of seconds per file."""
   import jax
   jax.config.update('jax_compilation_cache_dir', directory)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)  # default 1 s skips most
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # default 1 s skips many
 
 
 def fail(message: str) -> NoReturn:

@@ -117,7 +117,7 @@ class CompactingTranslate:
   since a row's draws depend on its place in the batch."""
 
   def __init__(self, cfg: ModelConfig, *, bos_id: int, eos_id: int, pad_id: int,
-               beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50, chunk: int = 8,
+               beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50, chunk: int = 4,
                temperature: float = 0.0, top_k: int = 0, beam_stop: str = 'bound',
                min_rows: int = 8):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
