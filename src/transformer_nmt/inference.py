@@ -108,7 +108,8 @@ class Translator:
     """`compact` drops finished sentences every `chunk` steps (translate.CompactingTranslate,
     'cached' decoding only); without it each batch runs as one jitted loop (translate.translate)
     that checks every `chunk` steps whether all its rows are done. Chunks of 4 rather than 8
-    steps: 1.1-1.3x faster with compaction on test2016 (bench/RESULTS.md), more compiles."""
+    steps: 0.95-1.3x as fast with compaction on test2016, mostly faster (bench/RESULTS.md);
+    more shapes to compile."""
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, tokens_per_batch
     self._rng = jax.random.key(seed)  # sampling only: batch i uses fold_in(rng, i)
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
