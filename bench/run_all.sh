@@ -13,6 +13,8 @@ python bench/train.py --config configs/base.py --batch 32 --length 32 --steps 8 
 python bench/train.py --config configs/base.py --batch 64 --length 64 --steps 3 \
   --vocab_size 37000 --variants jax-bfloat16,jax-bfloat16-remat \
   --markdown bench/RESULTS.md --section remat
+python bench/train.py --config configs/base.py --batch 32 --length 32 --steps 4 \
+  --vocab_size 37000 --variants jax-float32 --profile --markdown bench/RESULTS.md --section profile
 python bench/micro.py --markdown bench/RESULTS.md
 python bench/decode.py --workdir "$workdir" --input ../shared/data/multi30k/test2016.en \
   --variants 'cached,cached (stop at K finished),cached (chunks of 8 steps),cached bfloat16,cached bfloat16 (stop at K finished),one loop per batch' \

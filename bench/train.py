@@ -12,6 +12,9 @@ process's peak RSS on CPU) and, for ours, XLA's planned temporary buffers (activ
 workspace of the compiled step, independent of the allocator). PyTorch is optional
 (`pip install -r bench/requirements.txt`); without it only our variants run.
 
+With --profile, 3 more of our steps run under jax.profiler and the table is followed by their
+time per XLA op kind (matmul, elementwise fusion, copy) and the largest ops with their shapes.
+
 FLOPs are the model's matmul FLOPs on the padded batch (forward x 3 for forward + backward),
 counted the same way for every framework, so FLOP/s ratios equal step-time ratios.
 """
@@ -45,6 +48,8 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
                                 'replacing its bench/train.py section.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: run one variant and print JSON.')
 _OVERRIDES = flags.DEFINE_multi_string('set', [], 'Model override KEY=VALUE (e.g. num_layers=6).')
+_PROFILE = flags.DEFINE_bool('profile', False, 'Also trace 3 of our steps (jax.profiler) and '
+                             'print where their time goes, by XLA op kind and largest ops.')
 _SECTION = flags.DEFINE_string('section', '', 'Name suffix of the RESULTS.md section to replace '
                                '(several model sizes side by side).')
 
@@ -158,7 +163,71 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   result['temp_mb'] = memory.temp_size_in_bytes / 2 ** 20 if memory else None
   result['device'] = jax.devices()[0].device_kind
   result['memory_mb'] = _jax_peak_memory_mb()
+  if _PROFILE.value:
+    result['profile'] = profile_ops(one, steps=3)
+    result['profile']['where'] = describe_ops(compiled.as_text(), list(result['profile']['ops'])[:8])
   return result
+
+
+def describe_ops(hlo: str, names: list[str]) -> dict[str, str]:
+  """op name -> 'result shape, jax op name' from the compiled HLO text's metadata."""
+  import re
+  out = {}
+  for name in names:
+    m = re.search(rf'%?{re.escape(name)} = (\S+) .*?op_name="([^"]*)"', hlo)
+    if m:
+      out[name] = f'{m.group(1)}, {m.group(2).split("/")[-1][:60]}'
+  return out
+
+
+def profile_ops(run_step, steps: int) -> dict:
+  """Milliseconds per step by XLA op (thunk) name, from a jax.profiler trace of `steps` calls
+  of run_step (blocking), plus the wall time per step."""
+  import collections
+  import gzip
+  import tempfile
+
+  import jax
+  directory = tempfile.mkdtemp(prefix='bench_trace_')
+  t0 = time.perf_counter()
+  with jax.profiler.trace(directory):
+    for _ in range(steps):
+      run_step()
+  wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+  trace = next(pathlib.Path(directory).rglob('*.trace.json.gz'))
+  events = json.load(gzip.open(trace))['traceEvents']
+  per_op = collections.Counter()
+  for e in events:  # XLA CPU thunks run on the runtime's threads, named after HLO ops
+    if e.get('ph') == 'X' and not e['name'].startswith(('$', 'end:')) and '::' not in e['name'] \
+        and e['name'][0].islower():
+      per_op[e['name']] += e['dur'] / 1e3 / steps
+  return {'wall_ms': wall_ms, 'ops': dict(per_op.most_common(400))}
+
+
+def op_kind(name: str) -> str:
+  """Coarse kind of an XLA CPU op name: matmul (dot, YNNPACK/oneDNN fusions), elementwise
+  fusion, copy/transpose, or other."""
+  if name.startswith(('dot', 'ynn', 'onednn', 'convolution', 'custom-call')):
+    return 'matmul'
+  if 'fusion' in name:
+    return 'elementwise fusion'
+  if name.startswith(('copy', 'transpose')):
+    return 'copy / transpose'
+  return 'other'
+
+
+def profile_text(name: str, profile: dict) -> str:
+  kinds = {}
+  for op, ms in profile['ops'].items():
+    kinds[op_kind(op)] = kinds.get(op_kind(op), 0.0) + ms
+  traced = sum(kinds.values())
+  top = sorted(profile['ops'].items(), key=lambda kv: -kv[1])[:8]
+  return (f"Profile of {name}: {profile['wall_ms']:.0f} ms per step (traced), ops "
+          f'{traced:.0f} ms: ' + ', '.join(f'{k} {v:.0f} ms ({100 * v / traced:.0f}%)'
+                                           for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+          + '. Largest ops: ' + '; '.join(
+              f"{op} {ms:.1f} ms" + (f" [{profile['where'][op]}]" if op in profile.get('where', {})
+                                     else '') for op, ms in top) + '.\n')
 
 
 def _jax_peak_memory_mb() -> float:
@@ -276,7 +345,8 @@ def child(variant: str) -> None:
 def run_variant(variant: str) -> dict | None:
   cmd = [sys.executable, __file__, '--child', variant, '--config', _CONFIG.value,
          '--batch', str(_BATCH.value), '--length', str(_LENGTH.value),
-         '--steps', str(_STEPS.value), '--vocab_size', str(_VOCAB.value)] + [
+         '--steps', str(_STEPS.value), '--vocab_size', str(_VOCAB.value),
+         f'--profile={_PROFILE.value}'] + [
              f'--set={s}' for s in _OVERRIDES.value]
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   lines = [line for line in proc.stdout.splitlines() if line.startswith('RESULT ')]
@@ -341,7 +411,9 @@ def main(argv: list[str]) -> None:
           f" batch {_BATCH.value} x {_LENGTH.value} per side, {real} real tokens "
           f"({100 * (1 - real / (2 * _BATCH.value * _LENGTH.value)):.0f}% padding), "
           f"{flops / 1e9:.1f} GFLOP per step; {_STEPS.value} timed steps.\n\n"
-          + table(results, real, flops) + '\n' + ''.join(f'- {r}\n' for r in ratios(results)))
+          + table(results, real, flops) + '\n' + ''.join(f'- {r}\n' for r in ratios(results))
+          + ''.join('\n' + profile_text(k, r['profile']) for k, r in results.items()
+                    if 'profile' in r))
   print(text)
   if _MARKDOWN.value:
     from bench_markdown import write_section
