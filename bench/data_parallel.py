@@ -26,7 +26,7 @@ _LENGTH = flags.DEFINE_integer('length', 24, 'Padded length.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: replicated or fsdp.')
 
 CHILD = r'''
-import functools, json, sys, time
+import json, sys, time
 sys.path.insert(0, '.'); sys.path.insert(0, 'bench')  # bench/train.py, not train.py
 import jax
 from absl import flags
@@ -35,22 +35,21 @@ flags.FLAGS(['x', '--config', sys.argv[1], '--batch', sys.argv[2], '--length', s
 import ml_collections
 from transformer_nmt import sharding
 from transformer_nmt.config import model_config_from_dict
-from transformer_nmt.steps import train_step
+from transformer_nmt import trainer
 from transformer_nmt.train_state import create_train_state
 m = bench_train.model_section()
 cfg = model_config_from_dict({k: v for k, v in m.items() if k != 'vocab_size'},
                              vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])
 t = ml_collections.ConfigDict(dict(warmup_steps=4000, learning_rate_multiplier=1.0, adam_b1=0.9,
-                                   adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0))
-mesh = sharding.data_mesh()
-state = create_train_state(cfg, t, jax.random.key(0))
+                                   adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0,
+                                   label_smoothing=0.1))
 fsdp = sys.argv[4] == 'fsdp'
-placement = (sharding.fsdp_shardings(state, mesh) if fsdp else
-             jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), state))
+mesh = sharding.device_mesh(fsdp=jax.device_count() if fsdp else 1)
+state = create_train_state(cfg, t, jax.random.key(0))
+placement = trainer.state_shardings(state, mesh)
 state = jax.device_put(state, placement)
 batch = sharding.shard_batch(bench_train.numpy_batch(m['vocab_size']), mesh)
-step = jax.jit(functools.partial(train_step, label_smoothing=0.1),
-               out_shardings=(placement, sharding.replicated(mesh)))
+step = trainer.jit_steps(cfg, t, mesh, placement, donate=False)['train']
 t0 = time.perf_counter()
 state, metrics = step(state, batch, jax.random.key(1)); jax.block_until_ready(metrics)
 first = time.perf_counter() - t0

@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.precision import dense_dot_general, mixed_matmul
+import flax.linen as nn
+
+from transformer_nmt.precision import Dense, mixed_matmul
 
 
 def _loss(matmul, x, w):
@@ -30,9 +32,29 @@ def test_mixed_matmul_value_and_gradients_match_float32():
   np.testing.assert_allclose(np.float32(gw), rw, rtol=5e-2, atol=1e-1)
 
 
-def test_dense_dot_general_rejects_other_contractions():
-  x = jnp.ones((3, 4), jnp.bfloat16)
-  assert dense_dot_general(x, jnp.ones((4, 2), jnp.bfloat16), (((1,), (0,)), ((), ()))).shape \
-      == (3, 2)
-  with pytest.raises(ValueError, match='Dense contraction'):
-    dense_dot_general(x, jnp.ones((2, 4), jnp.bfloat16), (((1,), (1,)), ((), ())))
+def test_float32_weight_gets_an_unrounded_float32_gradient():
+  """The cross-device sum of a weight gradient happens on what the matmul's VJP returns: it
+  must be float32 and not rounded through bfloat16 first."""
+  x = jax.random.normal(jax.random.key(0), (3, 7, 16)).astype(jnp.bfloat16)
+  w = jax.random.normal(jax.random.key(1), (16, 8)) / 4
+  gw = jax.grad(lambda b: _loss(lambda p, q: mixed_matmul(p, q, jnp.bfloat16), x, b))(w)
+  assert gw.dtype == jnp.float32
+  assert np.any(np.float32(gw) != np.float32(gw.astype(jnp.bfloat16)))  # not bf16-rounded
+  ref = jax.grad(lambda b: _loss(jnp.matmul, x.astype(jnp.float32), b))(w)
+  np.testing.assert_allclose(gw, ref, rtol=5e-2, atol=1e-1)
+
+
+@pytest.mark.parametrize('use_bias', [False, True])
+def test_dense_matches_flax_dense(use_bias):
+  x = jax.random.normal(jax.random.key(2), (2, 5, 16))
+  ours = Dense(8, use_bias)
+  params = ours.init(jax.random.key(3), x)
+  params = jax.tree_util.tree_map(lambda p: p + 0.1, params)  # a non-zero bias
+  ref = nn.Dense(8, use_bias=use_bias).apply(params, x)  # same parameter names and shapes
+  np.testing.assert_allclose(ours.apply(params, x), ref, rtol=1e-6, atol=1e-6)
+  bf16 = Dense(8, use_bias, 'bfloat16')
+  out = bf16.apply(params, x)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.float32(out), ref, rtol=3e-2, atol=3e-2)
+  grads = jax.grad(lambda p: jnp.sum(bf16.apply(p, x).astype(jnp.float32) ** 2))(params)
+  assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(grads))

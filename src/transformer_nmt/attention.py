@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.precision import dense_dot_general
+from transformer_nmt.precision import Dense
 
 
 def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
@@ -177,13 +177,10 @@ class KVCache:
     return out[:, None].astype(self.v.dtype)
 
 
-def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> nn.Dense:
+def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> Dense:
   """Dense layer with Xavier-uniform kernel, float32 params and the configured compute dtype
   (bfloat16 matmuls accumulate in float32, see precision.py)."""
-  extra = {} if cfg.dtype == 'float32' else {'dot_general': dense_dot_general}
-  return nn.Dense(features, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.float32,
-                  **extra,
-                  kernel_init=nn.initializers.xavier_uniform(), name=name)
+  return Dense(features, use_bias, cfg.dtype, name=name)
 
 
 class MultiHeadAttention(nn.Module):

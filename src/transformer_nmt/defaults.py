@@ -57,6 +57,7 @@ def default_config() -> ml_collections.ConfigDict:
       # The paper's ~25k per side is e.g. 8 GPUs x 3125, or 1 device x 4096 x 6.
       global_batch_tokens=0,
       shard_params=False,  # True: split params and Adam state over the devices (FSDP)
+      fsdp_devices=0,  # with shard_params: devices on the mesh's fsdp axis (0 = all)
       seed=0,
       log_every=100,
       eval_every=1000,

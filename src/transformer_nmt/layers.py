@@ -55,20 +55,47 @@ class Embed(nn.Module):
   cfg: ModelConfig
 
   def setup(self) -> None:
-    self.embedding = self.param('embedding',
-                                nn.initializers.normal(stddev=self.cfg.d_model ** -0.5),
-                                (self.vocab_size, self.cfg.d_model), jnp.float32)
+    init = nn.initializers.normal(stddev=self.cfg.d_model ** -0.5)
+    shape = (self.vocab_size, self.cfg.d_model)
+    # A variable, not self.param: the train step may pass the table as [N, V, D] copies
+    # (`per_shard`), which self.param would refuse for not having the initial shape.
+    self.embedding = self.variable('params', 'embedding',
+                                   lambda: init(self.make_rng('params'), shape, jnp.float32))
 
   def __call__(self, ids: jax.Array) -> jax.Array:
     """[B, L] int ids -> [B, L, D] in the compute dtype."""
-    x = jnp.take(self.embedding, ids, axis=0) * math.sqrt(self.cfg.d_model)
-    return x.astype(self.cfg.dtype)
+    table = self.embedding.value
+    if table.ndim == 3:  # [N, V, D]: one copy per batch shard, see `per_shard`
+      rows = per_shard(ids, table.shape[0])  # [N, B/N, L]
+      x = jax.vmap(lambda t, i: jnp.take(t, i, axis=0))(table, rows).reshape(ids.shape + (-1,))
+    else:
+      x = jnp.take(table, ids, axis=0)
+    return (x * math.sqrt(self.cfg.d_model)).astype(self.cfg.dtype)
 
   def logits(self, x: jax.Array) -> jax.Array:
     """[B, L, D] -> [B, L, V] float32 logits through the transposed embedding (weight tying)."""
+    table = self.embedding.value
+    if table.ndim == 3:
+      out = jax.vmap(self._logits)(per_shard(x, table.shape[0]), table)  # [N, B/N, L, V]
+      return out.reshape(x.shape[:-1] + (-1,))
+    return self._logits(x, table)
+
+  def _logits(self, x: jax.Array, table: jax.Array) -> jax.Array:
     if self.cfg.dtype == 'float32':
-      return jnp.einsum('bld,vd->blv', x, self.embedding)
-    return mixed_matmul(x, self.embedding.astype(self.cfg.dtype).T, jnp.float32)
+      return jnp.einsum('bld,vd->blv', x, table)
+    return mixed_matmul(x, table.T, jnp.float32)  # float32 gradient, see precision.py
+
+
+def per_shard(x: jax.Array, shards: int) -> jax.Array:
+  """[B, ...] -> [N, B / N, ...]: the rows of each of N batch shards.
+
+  The train step hands `Embed` its table as [N, V, D], one copy per batch shard
+  (`sharding.per_shard_tables`), and each shard's rows use their own copy. The tied table's
+  three uses (source and target lookups, output projection) then add their gradients on the
+  device, and the sum over the N copies is the one cross-device reduction of that gradient;
+  with a [V, D] table XLA reduces each use's gradient separately.
+  """
+  return x.reshape((shards, x.shape[0] // shards) + x.shape[1:])
 
 
 class FeedForward(nn.Module):

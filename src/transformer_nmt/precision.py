@@ -1,5 +1,5 @@
 """Matmuls for the bfloat16 compute mode: bfloat16 inputs, float32 accumulation, in both the
-forward and the backward pass.
+forward and the backward pass, with float32 weight gradients.
 
 A plain bfloat16 `dot_general` also rounds its output to bfloat16, and on CPUs with AMX that
 path is slow (measured ~120 GFLOP/s here against ~500 with float32 accumulation, and ~150 for
@@ -7,6 +7,11 @@ float32; see bench/RESULTS.md). With `preferred_element_type=float32` the forwar
 but autodiff then hands the transposed matmuls a float32 cotangent, so the backward pass falls
 back to float32 matmuls. `mixed_matmul` fixes that with a custom VJP whose gradient matmuls also
 take bfloat16 inputs and accumulate in float32.
+
+The float32 weight enters `mixed_matmul` itself and is cast inside, so its gradient leaves the
+matmul in float32: the cross-device sum of a data-parallel gradient (which XLA places right
+after the matmul that contracts the split batch) is then a float32 sum, as in the paper's
+float32 training, not a bfloat16 one. `Dense` is flax's Dense with that matmul.
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def mixed_matmul(x: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
-  """x [..., K] @ w [K, N] -> [..., N] in `out_dtype`, accumulated in float32."""
+  """x [..., K] @ w [K, N] -> [..., N] in `out_dtype`, accumulated in float32.
+
+  `w` may be float32 (a parameter): it is cast to x's dtype for the product, and its gradient
+  comes back in float32, unrounded.
+  """
+  w = w.astype(x.dtype)
   return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
@@ -31,7 +42,7 @@ def _fwd(x: jax.Array, w: jax.Array, out_dtype: Any) -> tuple[jax.Array, tuple]:
 def _bwd(out_dtype: Any, residuals: tuple, g: jax.Array) -> tuple[jax.Array, jax.Array]:
   x, w = residuals
   g = g.astype(x.dtype)  # the cotangent in the input precision: keeps the fast matmul path
-  gx = jnp.matmul(g, w.T, preferred_element_type=jnp.float32).astype(x.dtype)
+  gx = jnp.matmul(g, w.astype(x.dtype).T, preferred_element_type=jnp.float32).astype(x.dtype)
   lead = tuple(range(x.ndim - 1))
   gw = jnp.tensordot(x, g, axes=(lead, lead), preferred_element_type=jnp.float32)  # [K, N]
   return gx, gw.astype(w.dtype)
@@ -40,11 +51,28 @@ def _bwd(out_dtype: Any, residuals: tuple, g: jax.Array) -> tuple[jax.Array, jax
 mixed_matmul.defvjp(_fwd, _bwd)
 
 
-def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
-                      precision: Any = None, preferred_element_type: Any = None) -> jax.Array:
-  """A `dot_general` for flax.linen.Dense (lhs [..., K], kernel [K, N]) via `mixed_matmul`."""
-  (contract_lhs, contract_rhs), (batch_lhs, _) = dimension_numbers
-  if tuple(contract_lhs) != (lhs.ndim - 1,) or tuple(contract_rhs) != (0,) or batch_lhs:
-    raise ValueError(f'dense_dot_general expects a Dense contraction, got {dimension_numbers}')
-  del precision, preferred_element_type
-  return mixed_matmul(lhs, rhs, lhs.dtype)
+class Dense(nn.Module):
+  """y = x W (+ b) with a Xavier-uniform float32 kernel [K, N] and a float32 bias [N].
+
+  In float32 this is flax's Dense. In bfloat16 the matmul is `mixed_matmul` and the bias is
+  added to its float32 output before the one rounding to bfloat16, so both gradients reach
+  the cross-device reduction in float32.
+  """
+
+  features: int
+  use_bias: bool
+  dtype: str = 'float32'
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., K] -> [..., N] in the compute dtype."""
+    kernel = self.param('kernel', nn.initializers.xavier_uniform(), (x.shape[-1], self.features),
+                        jnp.float32)
+    dtype = jnp.dtype(self.dtype)
+    if dtype == jnp.float32:
+      y = jnp.matmul(x.astype(dtype), kernel)
+    else:
+      y = mixed_matmul(x.astype(dtype), kernel, jnp.float32 if self.use_bias else dtype)
+    if self.use_bias:
+      y = y + self.param('bias', nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    return y.astype(dtype)

@@ -29,8 +29,25 @@ def _forward(apply_fn: Callable[..., jax.Array], params: Any, batch: Batch, dete
                   deterministic=deterministic, rngs=rngs)  # [B, T, V]
 
 
+def _summed_loss(state: TrainState, batch: Batch, rng: jax.Array, label_smoothing: float,
+                 gather_params: Optional[Callable[[Any], Any]]) -> tuple[Any, dict]:
+  """Gradients of the summed label-smoothed loss of one batch and its loss sums."""
+  dropout_rng = jax.random.fold_in(rng, state.step)
+  weights = batch['tgt_segments'] > 0
+
+  def loss_fn(params: Any) -> tuple[jax.Array, dict]:
+    if gather_params is not None:
+      params = gather_params(params)
+    logits = _forward(state.apply_fn, params, batch, False, {'dropout': dropout_rng})
+    sums = smoothed_cross_entropy(logits, batch['tgt_out'], weights, label_smoothing)
+    return sums['loss'], sums
+
+  return jax.grad(loss_fn, has_aux=True)(state.params)
+
+
 def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothing: float,
-               learning_rate_fn: Optional[optax.Schedule] = None) -> tuple[TrainState, dict]:
+               learning_rate_fn: Optional[optax.Schedule] = None,
+               gather_params: Optional[Callable[[Any], Any]] = None) -> tuple[TrainState, dict]:
   """One Adam update on the token-mean label-smoothed loss.
 
   Args:
@@ -39,38 +56,21 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothi
     rng: base dropout key; folded with the step so every step draws fresh masks.
     label_smoothing: eps_ls.
     learning_rate_fn: reported in the metrics when given.
+    gather_params: FSDP: params -> params whole on every device, applied where the loss uses
+      them (`sharding.gather_weights`); None for replicated parameters.
 
   Returns:
     (new state, metrics): sums 'loss', 'nll', 'correct', 'tokens' and 'grad_norm', 'learning_rate'.
   """
-  dropout_rng = jax.random.fold_in(rng, state.step)
-  weights = batch['tgt_segments'] > 0
-
-  def loss_fn(params: Any) -> tuple[jax.Array, dict]:
-    logits = _forward(state.apply_fn, params, batch, False, {'dropout': dropout_rng})
-    sums = smoothed_cross_entropy(logits, batch['tgt_out'], weights, label_smoothing)
-    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
-
-  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  metrics = dict(sums, grad_norm=optax.tree.norm(grads))
-  if learning_rate_fn is not None:
-    metrics['learning_rate'] = learning_rate_fn(state.step)
-  return state.apply_gradients(grads=grads), metrics
+  grads, sums = _summed_loss(state, batch, rng, label_smoothing, gather_params)
+  return apply_accumulated(state, grads, sums, learning_rate_fn=learning_rate_fn)
 
 
-def grad_step(state: TrainState, batch: Batch, rng: jax.Array, *,
-              label_smoothing: float) -> tuple[Any, dict]:
+def grad_step(state: TrainState, batch: Batch, rng: jax.Array, *, label_smoothing: float,
+              gather_params: Optional[Callable[[Any], Any]] = None) -> tuple[Any, dict]:
   """Gradient accumulation, part 1: gradients of the *summed* loss of one micro-batch and its
   loss sums. `rng` should differ per micro-batch (fold in its index)."""
-  dropout_rng = jax.random.fold_in(rng, state.step)
-  weights = batch['tgt_segments'] > 0
-
-  def loss_fn(params: Any) -> tuple[jax.Array, dict]:
-    logits = _forward(state.apply_fn, params, batch, False, {'dropout': dropout_rng})
-    sums = smoothed_cross_entropy(logits, batch['tgt_out'], weights, label_smoothing)
-    return sums['loss'], sums
-
-  return jax.grad(loss_fn, has_aux=True)(state.params)
+  return _summed_loss(state, batch, rng, label_smoothing, gather_params)
 
 
 def apply_accumulated(state: TrainState, grads: Any, sums: dict, *,

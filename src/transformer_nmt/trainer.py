@@ -53,6 +53,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if not d.joint_vocab and config.model.share_embeddings:
     raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
                       'it needs model.share_embeddings=False')
+  if t.fsdp_devices < 0 or (t.shard_params and t.fsdp_devices
+                            and jax.device_count() % t.fsdp_devices):
+    raise ConfigError(f'train.fsdp_devices={t.fsdp_devices} must be 0 (all devices) or divide '
+                      f'the {jax.device_count()} devices')
   if t.global_batch_tokens < 0:
     raise ConfigError(f'train.global_batch_tokens={t.global_batch_tokens} must be 0 (one '
                       'batch of data.tokens_per_batch per update) or positive')
@@ -212,11 +216,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
-  mesh = sharding.data_mesh()
+  mesh = make_mesh(config)
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    placement = state_shardings(state, config, mesh)
+    placement = state_shardings(state, mesh)
     _train_loop(exp, config, jax.device_put(state, placement), placement, data_position, mesh,
                 ckpt, best, writer, dropout_key)
   finally:
@@ -226,14 +230,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     writer.close()
 
 
-def state_shardings(state: Any, config: ml_collections.ConfigDict, mesh: Any) -> Any:
-  """Where the train state lives: replicated on every device, or with train.shard_params
-  split over the data axis (FSDP)."""
-  if config.train.shard_params:
+def make_mesh(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Any:
+  """The [data, fsdp] device mesh of a run: fsdp 1 (data parallel) unless train.shard_params,
+  then train.fsdp_devices (0 = all devices) on the fsdp axis."""
+  devices = jax.devices() if devices is None else devices
+  t = config.train
+  fsdp = (t.fsdp_devices or len(devices)) if t.shard_params else 1
+  return sharding.device_mesh(devices, fsdp)
+
+
+def state_shardings(state: Any, mesh: Any) -> Any:
+  """Where the train state lives: replicated on every device, or, when the mesh has an fsdp
+  axis, parameters and Adam moments split over it (FSDP)."""
+  if mesh.shape[sharding.FSDP_AXIS] > 1:
     placement = sharding.fsdp_shardings(state, mesh)
     split = [p for p in jax.tree_util.tree_leaves(placement) if not p.is_fully_replicated]
     logging.info('FSDP: %d of %d state arrays split over %d devices', len(split),
-                 len(jax.tree_util.tree_leaves(placement)), mesh.size)
+                 len(jax.tree_util.tree_leaves(placement)), mesh.shape[sharding.FSDP_AXIS])
     return placement
   return jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), state)
 
@@ -243,28 +256,40 @@ def accumulation_steps(config: ml_collections.ConfigDict) -> int:
   return max(1, round(config.train.global_batch_tokens / config.data.tokens_per_batch))
 
 
+def jit_steps(model_cfg: ModelConfig, t: ml_collections.ConfigDict, mesh: Any, placement: Any,
+              donate: bool) -> dict[str, Any]:
+  """The jitted programs of one update, keyed 'train' (one batch per update), or 'grad',
+  'add' and 'apply' (gradient accumulation). The new state keeps the shardings `placement`;
+  with `donate`, the old state's buffers are reused for the new one."""
+  lr = learning_rate_fn(model_cfg, t)
+  out = (placement, sharding.replicated(mesh))
+  donated = 0 if donate else ()
+  gather = sharding.params_for_compute(mesh, placement.params, model_cfg.dtype)
+  return {
+      'train': jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
+                                         learning_rate_fn=lr, gather_params=gather),
+                       out_shardings=out, donate_argnums=donated),
+      'grad': jax.jit(functools.partial(grad_step, label_smoothing=t.label_smoothing,
+                                        gather_params=gather)),
+      'add': jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), donate_argnums=donated),
+      'apply': jax.jit(functools.partial(apply_accumulated, learning_rate_fn=lr),
+                       out_shardings=out, donate_argnums=donated),
+  }
+
+
 def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any, accumulate: int,
                placement: Any) -> Callable[[Any, list, jax.Array], tuple[Any, dict]]:
-  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches;
-  the new state keeps the shardings `placement`."""
-  lr = learning_rate_fn(exp.model_cfg, t)
-  out = (placement, sharding.replicated(mesh))
-  donate = 0 if jax.default_backend() != 'cpu' else ()
+  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches."""
+  steps = jit_steps(exp.model_cfg, t, mesh, placement, donate=jax.default_backend() != 'cpu')
   if accumulate == 1:
-    fn = jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
-                                   learning_rate_fn=lr), out_shardings=out, donate_argnums=donate)
-    return lambda state, batches, rng: fn(state, batches[0], rng)
-  grad_fn = jax.jit(functools.partial(grad_step, label_smoothing=t.label_smoothing))
-  add = jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), donate_argnums=donate)
-  apply_fn = jax.jit(functools.partial(apply_accumulated, learning_rate_fn=lr),
-                     out_shardings=out, donate_argnums=donate)
+    return lambda state, batches, rng: steps['train'](state, batches[0], rng)
 
   def step(state: Any, batches: list, rng: jax.Array) -> tuple[Any, dict]:
     total = None
     for i, batch in enumerate(batches):
-      grads = grad_fn(state, batch, jax.random.fold_in(rng, i))
-      total = grads if total is None else add(total, grads)
-    return apply_fn(state, *total)
+      grads = steps['grad'](state, batch, jax.random.fold_in(rng, i))
+      total = grads if total is None else steps['add'](total, grads)
+    return steps['apply'](state, *total)
   return step
 
 
