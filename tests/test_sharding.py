@@ -130,3 +130,13 @@ def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
                     .read_text().splitlines() if 'train_loss' in line]
   assert len(read('mp')) == 6  # only process 0 writes metrics
   np.testing.assert_allclose(read('mp'), read('sp'), rtol=1e-5)
+
+
+def test_device_mesh_axes_and_a_bad_fsdp_size():
+  import jax
+
+  from transformer_nmt import ConfigError, sharding
+  mesh = sharding.device_mesh(jax.devices()[:1])
+  assert mesh.axis_names == ('data', 'fsdp') and mesh.devices.shape == (1, 1)
+  with pytest.raises(ConfigError, match='train.fsdp_devices=2 must divide the 1 devices'):
+    sharding.device_mesh(jax.devices()[:1], fsdp=2)
