@@ -38,6 +38,8 @@ _BEAM = flags.DEFINE_integer('beam_size', 4, 'With --decode: beams per sentence.
 _CACHE = flags.DEFINE_integer('cache_length', 0, 'With --decode: self-attention cache '
                               'positions; 0 = --length + eval.max_extra_len.')
 _BUDGET = flags.DEFINE_float('budget', 1.0, 'Fraction of the chip\'s HBM the program may use.')
+_TOP = flags.DEFINE_integer('top', 0, 'Also list the N instructions with the most estimated '
+                            'cycles, with the JAX operation each came from.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the report as one JSON object.')
 
 
@@ -74,6 +76,8 @@ def _format(report: dict) -> str:
   for name, s in report['step'].items():
     lines.append(f"  step by {names[name]}: {1e3 * s['seconds']:.2f} ms, "
                  f"{s['tokens_per_s']:,.0f} target tokens/s for the slice, MFU {100 * s['mfu']:.0f}%")
+  for row in report.get('top', []):
+    lines.append(f"  {row['cycles']:>10,} cycles  {row['shape'][:60]:<60}  {row['op_name'][-90:]}")
   if 'xla_estimate' not in report['step']:
     lines.append(f"  XLA's estimate: {report['estimated_cycles']:,} cycles (no published clock "
                  'for this chip)')
@@ -103,7 +107,7 @@ def run() -> None:
   else:
     programs = [aot.train_program(config, devices, rows, _LENGTH.value)]
   try:
-    reports = [aot.report(program, chip, len(devices)) for program in programs]
+    reports = [aot.report(program, chip, len(devices), _TOP.value) for program in programs]
   except aot.DoesNotFit as e:
     print(f'error: {e} on {_TOPOLOGY.value}', file=sys.stderr)
     raise SystemExit(1) from None

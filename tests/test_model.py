@@ -105,6 +105,24 @@ def test_bfloat16_compute_keeps_float32_params(tiny_cfg):
   assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
 
 
+def test_bfloat16_logits_option(tiny_cfg):
+  """model.float32_logits=False rounds the training logits to bfloat16 (half the bytes of the
+  largest array of a step); decoding steps still hand the search float32 logits."""
+  cfg16 = dataclasses.replace(tiny_cfg, dtype='bfloat16')
+  short = dataclasses.replace(cfg16, float32_logits=False)
+  params = init_params(cfg16, jax.random.key(0))
+  src, tgt, s_seg, t_seg = _batch()
+  ref = Transformer(cfg16).apply({'params': params}, src, tgt, s_seg, t_seg)
+  logits = Transformer(short).apply({'params': params}, src, tgt, s_seg, t_seg)
+  assert logits.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.float32(logits), ref, atol=0.05, rtol=0.02)
+  model = Transformer(short)
+  memory = model.apply({'params': params}, src, s_seg, method=Transformer.encode)
+  cache = model.apply({'params': params}, memory, s_seg, 4, method=Transformer.init_cache)
+  step, _ = model.apply({'params': params}, tgt[:, 0], cache, method=Transformer.decode_step)
+  assert step.dtype == jnp.float32
+
+
 def test_bfloat16_gradients_follow_float32(tiny_cfg):
   """The bfloat16 mode (float32 accumulation, custom VJP) computes the float32 model's
   gradient up to bfloat16 rounding."""

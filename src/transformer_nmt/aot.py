@@ -130,6 +130,23 @@ def estimated_cycles(hlo_text: str) -> int:
   return sum(int(c) for c in re.findall(r'"estimated_cycles":"(\d+)"', entry))
 
 
+def costliest(hlo_text: str, count: int) -> list[dict[str, Any]]:
+  """The `count` entry-computation instructions with the most estimated cycles: cycles, the
+  result's shape, and the JAX operation (op_name metadata, which names the model's module and
+  primitive) it came from."""
+  entry = hlo_text[hlo_text.index('\nENTRY '):]
+  entry = entry[:entry.index('\n}')]
+  rows = []
+  for line in entry.splitlines():
+    cycles = re.search(r'"estimated_cycles":"(\d+)"', line)
+    head = re.match(r'\s*(?:ROOT\s+)?%?([\w.\-]+) = (\S+)', line)
+    if cycles and head:
+      op = re.search(r'op_name="([^"]*)"', line)
+      rows.append({'cycles': int(cycles[1]), 'instruction': head[1], 'shape': head[2],
+                   'op_name': op[1] if op else ''})
+  return sorted(rows, key=lambda r: -r['cycles'])[:count]
+
+
 def analyze(compiled: Any, chip: Chip, chips: int, tokens: int) -> dict[str, Any]:
   """The figures of one compiled per-chip program.
 
@@ -208,8 +225,9 @@ class DoesNotFit(Exception):
   """The TPU compiler refused the program for want of HBM."""
 
 
-def report(program: Program, chip: Chip, chips: int) -> dict[str, Any]:
-  """Compiles `program` and returns `analyze`'s figures with its description.
+def report(program: Program, chip: Chip, chips: int, top: int = 0) -> dict[str, Any]:
+  """Compiles `program` and returns `analyze`'s figures with its description (and with
+  `top` > 0, its `costliest` instructions under 'top').
 
   Raises DoesNotFit, saying by how much, when the compiler runs out of HBM.
   """
@@ -221,6 +239,8 @@ def report(program: Program, chip: Chip, chips: int) -> dict[str, Any]:
     raise DoesNotFit(f'{program.name} ({program.description}) does not fit a {chip.name}: '
                      + _shortfall(str(e))) from None
   figures = analyze(compiled, chip, chips, program.tokens)
+  if top:
+    figures['top'] = costliest(compiled.as_text(), top)
   figures.update(program=program.name, shape=program.description, parameters=program.parameters,
                  parameter_bytes_per_chip=program.parameter_bytes_per_chip)
   return figures

@@ -22,6 +22,9 @@ def default_config() -> ml_collections.ConfigDict:
       share_embeddings=True,  # shared source/target embedding, joint vocabulary
       tie_output=True,  # target embedding = pre-softmax projection (§3.4)
       dtype='float32',  # compute dtype: 'float32' or 'bfloat16' (params stay float32)
+      # bfloat16 mode: the output projection writes float32 logits (True) or bfloat16 ones
+      # (False: half the bytes of the largest array of a step; the loss still sums in float32)
+      float32_logits=True,
       remat=False,  # recompute layer activations in the backward pass: less memory, more time
   )
   c.data = dict(

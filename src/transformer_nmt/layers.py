@@ -83,7 +83,8 @@ class Embed(nn.Module):
   def _logits(self, x: jax.Array, table: jax.Array) -> jax.Array:
     if self.cfg.dtype == 'float32':
       return jnp.einsum('bld,vd->blv', x, table)
-    return mixed_matmul(x, table.T, jnp.float32)  # float32 gradient, see precision.py
+    out = jnp.float32 if self.cfg.float32_logits else self.cfg.dtype
+    return mixed_matmul(x, table.T, out)  # float32 weight gradient, see precision.py
 
 
 def per_shard(x: jax.Array, shards: int) -> jax.Array:

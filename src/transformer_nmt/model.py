@@ -204,7 +204,7 @@ class Transformer(nn.Module):
       y = self.decoder_norm(y).astype(y.dtype)
     if self.cfg.tie_output:
       return self.tgt_embed.logits(y)
-    return self.output(y).astype(jnp.float32)
+    return self.output(y).astype(jnp.float32 if self.cfg.float32_logits else self.cfg.dtype)
 
   def __call__(self, src: jax.Array, tgt_in: jax.Array, src_segments: Optional[jax.Array] = None,
                tgt_segments: Optional[jax.Array] = None, src_positions: Optional[jax.Array] = None,
@@ -237,7 +237,7 @@ class Transformer(nn.Module):
       k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.cross_kv(memory)
       y, kv = layer.step(y, kv, k, v, cache.cross_mask)
       new_caches.append(kv)
-    logits = self._logits(y)[:, 0]
+    logits = self._logits(y)[:, 0].astype(jnp.float32)  # the search sums log-probabilities
     return logits, cache.replace(self_attention=tuple(new_caches))
 
 

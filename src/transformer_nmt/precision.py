@@ -36,16 +36,21 @@ def mixed_matmul(x: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
 
 
 def _fwd(x: jax.Array, w: jax.Array, out_dtype: Any) -> tuple[jax.Array, tuple]:
-  return mixed_matmul(x, w, out_dtype), (x, w)
+  w_cast = w.astype(x.dtype)
+  out = jnp.matmul(x, w_cast, preferred_element_type=jnp.float32).astype(out_dtype)
+  # The backward pass keeps the weight as cast for the product (half the bytes of a float32
+  # weight; for an FSDP-gathered weight, the gathered copy itself) and an empty array that
+  # remembers w's dtype for its gradient.
+  return out, (x, w_cast, jnp.zeros((0,), w.dtype))
 
 
 def _bwd(out_dtype: Any, residuals: tuple, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-  x, w = residuals
+  x, w_cast, w_dtype = residuals
   g = g.astype(x.dtype)  # the cotangent in the input precision: keeps the fast matmul path
-  gx = jnp.matmul(g, w.astype(x.dtype).T, preferred_element_type=jnp.float32).astype(x.dtype)
+  gx = jnp.matmul(g, w_cast.T, preferred_element_type=jnp.float32).astype(x.dtype)
   lead = tuple(range(x.ndim - 1))
   gw = jnp.tensordot(x, g, axes=(lead, lead), preferred_element_type=jnp.float32)  # [K, N]
-  return gx, gw.astype(w.dtype)
+  return gx, gw.astype(w_dtype.dtype)
 
 
 mixed_matmul.defvjp(_fwd, _bwd)
