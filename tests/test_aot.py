@@ -107,8 +107,10 @@ def _aot(*flags: str) -> subprocess.CompletedProcess:
 
 
 def test_aot_compile_reports_and_json_parses():
-  text = _aot('--topology', 'v5e:2x2', '--batch', '16', '--length', '24')
+  text = _aot('--topology', 'v5e:2x2', '--batch', '16', '--length', '24', '--top', '3')
   assert text.returncode == 0, text.stderr[-3000:]
+  top = [line for line in text.stdout.splitlines() if ' cycles  ' in line]
+  assert len(top) == 3 and all('jit(train_step)' in line or 'Transformer' in line for line in top)
   assert 'train step on v5e:2x2 (4 x TPU v5e), global batch 16 x 24' in text.stdout
   assert "step by XLA's estimated cycles" in text.stdout and 'all-reduce: ' in text.stdout
   report = json.loads(_aot('--topology', 'v5e:2x2', '--batch', '16', '--length', '24',
