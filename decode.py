@@ -46,7 +46,7 @@ _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to p
 
 
 def _read(path: str) -> list[str]:
-  from transformer_nmt import data as data_lib
+  from transformer_nmt.data import batching as data_lib
   if path == '-':
     return data_lib.split_lines(sys.stdin.buffer.read(), '<stdin>')
   return data_lib.read_lines(path)
@@ -82,7 +82,7 @@ class _Progress:
 def run() -> None:
   from transformer_nmt import metrics
   from transformer_nmt.errors import DataError
-  from transformer_nmt.inference import Translator, load_workdir
+  from transformer_nmt.decoding.translator import Translator, load_workdir
   lines = _read(_INPUT.value)
   refs = _read(_REFERENCE.value) if _REFERENCE.value else None
   if refs is not None and len(refs) != len(lines):

@@ -20,7 +20,7 @@ _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the translations plo
 
 
 def run() -> None:
-  from transformer_nmt import data as data_lib
+  from transformer_nmt.data import batching as data_lib
   from transformer_nmt import plots
   from transformer_nmt.errors import DataError
   from transformer_nmt.metrics import read_metrics
@@ -31,7 +31,7 @@ def run() -> None:
   out = pathlib.Path(_OUT.value) if _OUT.value else workdir / 'plots'
   paths = [plots.plot_learning_curves(rows, out / 'curves.png', title=workdir.name)]
   if _INPUT.value:
-    from transformer_nmt.inference import Translator, load_workdir
+    from transformer_nmt.decoding.translator import Translator, load_workdir
     model = load_workdir(workdir)
     lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
     translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value)

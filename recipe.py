@@ -60,7 +60,8 @@ def main(argv: list[str]) -> None:
 
 
 def run(alphas: list[float]) -> None:
-  from transformer_nmt import plots, recipe, trainer
+  from transformer_nmt import plots, recipe
+  from transformer_nmt.training import loop as trainer
   from transformer_nmt.checkpoint import Checkpointer
   from transformer_nmt.metrics import read_metrics
   config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
@@ -111,9 +112,9 @@ def run(alphas: list[float]) -> None:
 
 def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
   """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
-  from transformer_nmt import corpus as corpus_lib
-  from transformer_nmt import data as data_lib
-  from transformer_nmt import trainer
+  from transformer_nmt.data import corpus as corpus_lib
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.training import loop as trainer
   trainer.validate_config(config)
   d = config.data
   if len(d.extra_test_src) != len(d.extra_test_tgt):

@@ -39,7 +39,8 @@ def main(argv: list[str]) -> None:
     fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
   if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
     fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
-  from transformer_nmt import sharding, trainer  # after flag parsing: keeps --help fast
+  from transformer_nmt import sharding  # after flag parsing: keeps --help fast
+  from transformer_nmt.training import loop as trainer
   if _COMPILE_CACHE.value:
     import os
     use_compile_cache(os.path.join(_WORKDIR.value, 'compile_cache'))

@@ -35,8 +35,8 @@ flags.FLAGS(['x', '--config', sys.argv[1], '--batch', sys.argv[2], '--length', s
 import ml_collections
 from transformer_nmt import sharding
 from transformer_nmt.config import model_config_from_dict
-from transformer_nmt import trainer
-from transformer_nmt.train_state import create_train_state
+from transformer_nmt.training import loop as trainer
+from transformer_nmt.training.state import create_train_state
 m = bench_train.model_section()
 cfg = model_config_from_dict({k: v for k, v in m.items() if k != 'vocab_size'},
                              vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])

@@ -61,7 +61,7 @@ def measure(model, rows, beam, options):
   """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
   import dataclasses
 
-  from transformer_nmt.inference import Translator
+  from transformer_nmt.decoding.translator import Translator
   options = dict(options)
   cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
   translator = Translator(cfg, model.src_tok, model.tgt_tok, beam_size=beam,
@@ -105,8 +105,8 @@ def main(argv):
   del argv
   import tempfile
 
-  from transformer_nmt import data as data_lib
-  from transformer_nmt.inference import load_workdir
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.decoding.translator import load_workdir
   model = load_workdir(_WORKDIR.value)
   lines = [l for l in data_lib.read_lines(_INPUT.value) if l][:_MAX_SENTENCES.value]
   rows = [np.array(ids + [model.src_tok.eos_id], np.int32) for ids in model.src_tok.encode(lines)]

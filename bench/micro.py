@@ -41,7 +41,7 @@ def attention() -> None:
   """One decoding query per row over a 32-position self-attention cache, 1024 rows."""
   import jax
   import jax.numpy as jnp
-  from transformer_nmt.attention import KVCache
+  from transformer_nmt.model.attention import KVCache
   n, length, h, d = 1024, 32, 4, 64
   q = jax.random.normal(jax.random.key(0), (n, 1, h, d))
   k, v = (jax.random.normal(jax.random.key(i), (n, length, h, d)) for i in (1, 2))
@@ -60,7 +60,7 @@ def cross() -> None:
   """Beam 4's cross-attention: 256 sentences x 4 beams over 16 source positions."""
   import jax
   import jax.numpy as jnp
-  from transformer_nmt.attention import dot_product_attention
+  from transformer_nmt.model.attention import dot_product_attention
   b, g, s, h, d = 256, 4, 16, 4, 64
   q = jax.random.normal(jax.random.key(0), (b * g, 1, h, d))
   k, v = (jax.random.normal(jax.random.key(i), (b, s, h, d)) for i in (1, 2))
@@ -75,7 +75,7 @@ def cross() -> None:
 def topk() -> None:
   import jax
   import jax.numpy as jnp
-  from transformer_nmt.topk import top_k
+  from transformer_nmt.decoding.topk import top_k
   for shape in [(1024, 8000), (1024, 37000)]:
     x = jax.random.normal(jax.random.key(0), shape)
     for k in (1, 8):
@@ -89,7 +89,7 @@ def candidates() -> None:
   """Beam search's ranking of extensions: 256 sentences x 4 beams x 8000 tokens."""
   import jax
   import jax.numpy as jnp
-  from transformer_nmt.beam_search import _candidates
+  from transformer_nmt.decoding.beam import _candidates
   b, k, v = 256, 4, 8000
   logits = jax.random.normal(jax.random.key(0), (b * k, v))
   logprobs = jnp.zeros((b, k))
@@ -110,7 +110,7 @@ def loss() -> None:
   """Label-smoothed loss, forward with metrics and gradient, logits [32, 32, 37000]."""
   import jax
   import jax.numpy as jnp
-  from transformer_nmt.losses import smoothed_cross_entropy
+  from transformer_nmt.training.losses import smoothed_cross_entropy
   logits = jax.random.normal(jax.random.key(0), (32, 32, 37000)) * 3
   targets = jax.random.randint(jax.random.key(1), (32, 32), 0, 37000)
   weights = jnp.ones((32, 32))
@@ -133,7 +133,7 @@ def dpa() -> None:
   """Our attention against jax.nn.dot_product_attention (XLA), forward and backward."""
   import jax
   import jax.numpy as jnp
-  from transformer_nmt import attention
+  from transformer_nmt.model import attention
   for b, t, h, d, dtype in [(64, 24, 4, 64, 'float32'), (64, 24, 4, 64, 'bfloat16'),
                             (32, 32, 8, 64, 'float32')]:
     q, k, v = (jax.random.normal(jax.random.key(i), (b, t, h, d)).astype(dtype) for i in range(3))

@@ -26,7 +26,7 @@ def stacks(cfg, layers: int):
   EncoderLayers in training mode (dropout on)."""
   import flax.linen as nn
 
-  from transformer_nmt.model import EncoderLayer
+  from transformer_nmt.model.transformer import EncoderLayer
 
   class Unrolled(nn.Module):
     @nn.compact

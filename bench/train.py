@@ -129,8 +129,8 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   import ml_collections
 
   from transformer_nmt.config import model_config_from_dict
-  from transformer_nmt.steps import train_step
-  from transformer_nmt.train_state import create_train_state, learning_rate_fn
+  from transformer_nmt.training.steps import train_step
+  from transformer_nmt.training.state import create_train_state, learning_rate_fn
 
   m = model_section()
   m_cfg = {k: v for k, v in m.items() if k != 'vocab_size'}

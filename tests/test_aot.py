@@ -52,7 +52,7 @@ def fsdp_8():
 def _param_shapes() -> list[tuple[int, ...]]:
   import jax
 
-  from transformer_nmt.model import init_params
+  from transformer_nmt.model.transformer import init_params
   cfg = aot._model_config(_config(False))
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   return [tuple(x.shape) for x in jax.tree_util.tree_leaves(params)]

@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt import attention
+from transformer_nmt.model import attention
 from transformer_nmt.config import ModelConfig
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, beam_search, greedy_search, init_params, length_penalty
-from transformer_nmt.decoding import cache_stages
-from transformer_nmt.translate import CACHE_MODES, translate
+from transformer_nmt.decoding.search import cache_stages
+from transformer_nmt.decoding.translate import CACHE_MODES, translate
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -97,8 +97,8 @@ def test_beam_1_equals_greedy(model):
   cfg, params, src, seg = model
   kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
   greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
-  from transformer_nmt.translate import _decoder
-  from transformer_nmt.model import Transformer
+  from transformer_nmt.decoding.translate import _decoder
+  from transformer_nmt.model.transformer import Transformer
   m = Transformer(cfg)
   memory = m.apply({'params': params}, src, seg, method=Transformer.encode)
   logits_fn, cache = _decoder(m, {'params': params}, memory, seg, 16, 'cached')
@@ -189,7 +189,7 @@ def test_growing_cache_matches_full_length_cache(model, beam_size):
 def test_step_ranks_every_extension_of_every_beam():
   """One step against a ranking of all K * V extensions: live beams are the best K non-EOS
   extensions; a row at its length limit finishes with its best EOS extension."""
-  from transformer_nmt.beam_search import init_state, step
+  from transformer_nmt.decoding.beam import init_state, step
   batch, k, vocab, t = 3, 3, 20, 2
   rng = np.random.default_rng(0)
   logits = rng.normal(scale=3.0, size=(batch * k, vocab)).astype(np.float32)

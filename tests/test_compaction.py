@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, init_params
-from transformer_nmt.beam_search import beam
-from transformer_nmt.compaction import CompactingDecoder, compacted_size, take_rows
-from transformer_nmt.decoding import greedy
-from transformer_nmt.translate import CompactingTranslate, translate
+from transformer_nmt.decoding.beam import beam
+from transformer_nmt.decoding.compaction import CompactingDecoder, compacted_size, take_rows
+from transformer_nmt.decoding.search import greedy
+from transformer_nmt.decoding.translate import CompactingTranslate, translate
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 7

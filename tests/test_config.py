@@ -4,7 +4,7 @@ import pytest
 
 from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.trainer import validate_config
+from transformer_nmt.training.loop import validate_config
 
 CONFIGS = ['base', 'big', 'small', 'demo', 'tiny']
 

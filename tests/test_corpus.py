@@ -4,7 +4,7 @@ import pytest
 
 from configs import small, tiny
 from conftest import SHARED_DATA
-from transformer_nmt import corpus as corpus_lib
+from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from transformer_nmt.model import Transformer, init_params
-from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.model.transformer import Transformer, init_params
+from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 
 ctranslate2 = pytest.importorskip('ctranslate2')
 

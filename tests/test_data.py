@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from transformer_nmt import data as data_lib
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt.errors import DataError
-from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_rows_are_a_multiple_of_the_device_count():
 
 
 def test_trim_rows_cuts_filler_rows_to_a_power_of_two():
-  from transformer_nmt.data import BatchPlan, trim_rows
+  from transformer_nmt.data.batching import BatchPlan, trim_rows
   plans = [BatchPlan(np.arange(5), 64, 16), BatchPlan(np.arange(64), 64, 16),
            BatchPlan(np.arange(1), 64, 16), BatchPlan(np.arange(3), 4, 32)]
   assert [p.rows for p in trim_rows(plans)] == [8, 64, 8, 4]

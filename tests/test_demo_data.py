@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from transformer_nmt import demo_data
+from transformer_nmt.data import demo as demo_data
 
 NUMBER_WORDS = [
   (0, "zero", "null"),

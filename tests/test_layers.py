@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.layers import sinusoidal_positions
+from transformer_nmt.model.layers import sinusoidal_positions
 
 
 def test_interleaved_positions_match_paper_formula():

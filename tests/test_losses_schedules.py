@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from transformer_nmt.losses import smoothed_cross_entropy
-from transformer_nmt.schedules import rsqrt_warmup
+from transformer_nmt.training.losses import smoothed_cross_entropy
+from transformer_nmt.training.schedules import rsqrt_warmup
 
 
 def test_smoothed_loss_matches_numpy_reference():

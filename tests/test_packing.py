@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_nmt import data as data_lib
-from transformer_nmt.model import Transformer, init_params
+from transformer_nmt.data import batching as data_lib
+from transformer_nmt.model.transformer import Transformer, init_params
 
 
 def _data(lengths, vocab=24) -> data_lib.ParallelData:

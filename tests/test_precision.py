@@ -7,7 +7,7 @@ import pytest
 
 import flax.linen as nn
 
-from transformer_nmt.precision import Dense, mixed_matmul
+from transformer_nmt.model.precision import Dense, mixed_matmul
 
 
 def _loss(matmul, x, w):

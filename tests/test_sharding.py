@@ -16,7 +16,8 @@ EIGHT_DEVICES = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_cou
 
 SAME_STEP_ON_1_AND_8_DEVICES = r'''
 import jax, ml_collections, numpy as np
-from transformer_nmt import ModelConfig, create_train_state, sharding, trainer
+from transformer_nmt import ModelConfig, create_train_state, sharding
+from transformer_nmt.training import loop as trainer
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(vocab_size=40, num_layers=1, d_model=32, d_ff=64, num_heads=4,

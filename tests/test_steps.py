@@ -69,7 +69,7 @@ def test_tiny_model_learns_copy_task(copy_cfg):
 def test_accumulated_micro_batches_equal_one_large_batch(copy_cfg):
   """Two micro-batches with different padding, accumulated, give the update of one batch
   holding all their rows (token mean over the union, not a mean of means)."""
-  from transformer_nmt.steps import apply_accumulated, grad_step
+  from transformer_nmt.training.steps import apply_accumulated, grad_step
   state = create_train_state(copy_cfg, _train_cfg(warmup_steps=10), jax.random.key(0))
   a, b = copy_batch(np.random.default_rng(1), rows=8), copy_batch(np.random.default_rng(2), rows=8)
   b['tgt_segments'] = b['tgt_segments'].copy()

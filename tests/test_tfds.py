@@ -7,7 +7,8 @@ import pytest
 tfds = pytest.importorskip('tensorflow_datasets')
 
 from configs import tiny  # noqa: E402
-from transformer_nmt import tfds_data, trainer  # noqa: E402
+from transformer_nmt.data import tfds as tfds_data  # noqa: E402
+from transformer_nmt.training import loop as trainer
 from transformer_nmt.errors import ConfigError, DataError  # noqa: E402
 
 

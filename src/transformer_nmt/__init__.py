@@ -10,19 +10,19 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   decoding:  greedy_search, beam_search, length_penalty, translate, translate_greedy
 """
 
-from transformer_nmt.attention import (KVCache, MultiHeadAttention, attention_weights,
+from transformer_nmt.model.attention import (KVCache, MultiHeadAttention, attention_weights,
                                        causal_mask, dot_product_attention, padding_mask)
-from transformer_nmt.beam_search import beam_search, length_penalty
+from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.config import ModelConfig, model_config_from_dict
-from transformer_nmt.decoding import greedy_search
+from transformer_nmt.decoding.search import greedy_search
 from transformer_nmt.errors import ConfigError, DataError, UserError
-from transformer_nmt.layers import sinusoidal_positions
-from transformer_nmt.losses import smoothed_cross_entropy
-from transformer_nmt.model import DecoderCache, Transformer, count_params, init_params
-from transformer_nmt.schedules import rsqrt_warmup
-from transformer_nmt.steps import eval_step, train_step
-from transformer_nmt.train_state import TrainState, create_train_state, make_optimizer
-from transformer_nmt.translate import translate, translate_greedy
+from transformer_nmt.model.layers import sinusoidal_positions
+from transformer_nmt.training.losses import smoothed_cross_entropy
+from transformer_nmt.model.transformer import DecoderCache, Transformer, count_params, init_params
+from transformer_nmt.training.schedules import rsqrt_warmup
+from transformer_nmt.training.steps import eval_step, train_step
+from transformer_nmt.training.state import TrainState, create_train_state, make_optimizer
+from transformer_nmt.decoding.translate import translate, translate_greedy
 
 __all__ = [
     'ConfigError', 'DataError', 'attention_weights', 'beam_search', 'length_penalty', 'translate', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',

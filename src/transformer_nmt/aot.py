@@ -260,9 +260,10 @@ def _shortfall(message: str) -> str:
 def train_program(config: Any, devices: list, rows: int, length: int) -> Program:
   """train.py's step (its mesh, shardings and donation) for one batch of [rows, length] per
   update on `devices`, lowered from shapes alone."""
-  from transformer_nmt import sharding, trainer
-  from transformer_nmt.model import count_params
-  from transformer_nmt.train_state import create_train_state
+  from transformer_nmt import sharding
+  from transformer_nmt.training import loop as trainer
+  from transformer_nmt.model.transformer import count_params
+  from transformer_nmt.training.state import create_train_state
   model_cfg = _model_config(config)
   mesh = trainer.make_mesh(config, devices)
   state = jax.eval_shape(lambda: create_train_state(model_cfg, config.train, jax.random.key(0)))
@@ -287,7 +288,7 @@ def decoding_programs(config: Any, devices: list, rows: int, length: int, beam: 
   sources and one cached decoder step for rows x `beam` hypotheses, parameters replicated
   and rows split over all chips."""
   from transformer_nmt import sharding
-  from transformer_nmt.model import Transformer, count_params, init_params
+  from transformer_nmt.model.transformer import Transformer, count_params, init_params
   model_cfg = _model_config(config)
   model = Transformer(model_cfg)
   mesh = sharding.device_mesh(devices)

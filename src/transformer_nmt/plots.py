@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.model import Transformer
+from transformer_nmt.model.transformer import Transformer
 
 
 def cross_attention(model: Any, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> np.ndarray:

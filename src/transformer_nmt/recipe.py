@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
-from transformer_nmt.inference import LoadedModel, Translator, load_workdir
+from transformer_nmt.decoding.translator import LoadedModel, Translator, load_workdir
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
 
 Log = Callable[[str], None]

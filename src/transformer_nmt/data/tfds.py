@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from transformer_nmt import data as data_lib
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt.errors import ConfigError, DataError
 
 

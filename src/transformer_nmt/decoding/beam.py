@@ -18,8 +18,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.decoding import LogitsFn, Search, decode_loop, padded_length
-from transformer_nmt.topk import top_k
+from transformer_nmt.decoding.search import LogitsFn, Search, decode_loop, padded_length
+from transformer_nmt.decoding.topk import top_k
 
 NEG_INF = -1.0e9  # finite, so that sums and comparisons of "impossible" scores stay well-defined
 

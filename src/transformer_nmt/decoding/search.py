@@ -15,7 +15,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt import topk
+from transformer_nmt.decoding import topk
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 

@@ -15,7 +15,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from transformer_nmt.errors import DataError
-from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.data.tokenizer import Tokenizer
 
 Batch = dict[str, np.ndarray]
 

@@ -9,8 +9,8 @@ import optax
 from flax.training import train_state
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.model import Transformer, init_params
-from transformer_nmt.schedules import rsqrt_warmup
+from transformer_nmt.model.transformer import Transformer, init_params
+from transformer_nmt.training.schedules import rsqrt_warmup
 
 TrainState = train_state.TrainState
 

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_nmt.losses import smoothed_cross_entropy
-from transformer_nmt.train_state import TrainState
+from transformer_nmt.training.losses import smoothed_cross_entropy
+from transformer_nmt.training.state import TrainState
 
 Batch = dict[str, jax.Array]
 

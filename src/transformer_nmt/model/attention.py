@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.precision import Dense
+from transformer_nmt.model.precision import Dense
 
 
 def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:

@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.attention import (KVCache, MultiHeadAttention, causal_mask, padding_mask,
+from transformer_nmt.model.attention import (KVCache, MultiHeadAttention, causal_mask, padding_mask,
                                        xavier_dense)
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.layers import Embed, FeedForward, sinusoidal_positions
+from transformer_nmt.model.layers import Embed, FeedForward, sinusoidal_positions
 
 
 def _layer_norm(cfg: ModelConfig, name: Optional[str] = None) -> nn.LayerNorm:

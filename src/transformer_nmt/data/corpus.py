@@ -9,10 +9,10 @@ import pathlib
 import shutil
 from typing import Any, Optional
 
-from transformer_nmt import data as data_lib
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt import sharding
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 
 Lines = tuple[list[str], list[str], data_lib.ReadStats]
 
@@ -40,7 +40,7 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   if data_cfg.source == 'tfds':
     return _read_tfds(data_cfg)
   if data_cfg.source == 'demo':
-    from transformer_nmt import demo_data  # only the demo needs the generator
+    from transformer_nmt.data import demo as demo_data  # only the demo needs the generator
     if sharding.is_leader():  # one writer; the other processes read its files
       demo_data.write_demo_corpus(workdir / 'demo_data', *data_cfg.demo_sizes, seed=0)
     sharding.barrier('demo corpus written')
@@ -65,7 +65,7 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
 def _read_tfds(data_cfg: Any) -> Corpus:
   import jax
 
-  from transformer_nmt import tfds_data
+  from transformer_nmt.data import tfds as tfds_data
   train, valid, test = data_cfg.tfds_splits
   count, index = jax.process_count(), jax.process_index()
   return Corpus(

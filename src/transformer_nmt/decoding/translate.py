@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.beam_search import beam
-from transformer_nmt.compaction import CompactingDecoder
+from transformer_nmt.decoding.beam import beam
+from transformer_nmt.decoding.compaction import CompactingDecoder
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.decoding import LogitsFn, Search, greedy, padded_length
-from transformer_nmt.model import Transformer
+from transformer_nmt.decoding.search import LogitsFn, Search, greedy, padded_length
+from transformer_nmt.model.transformer import Transformer
 
 CACHE_MODES = ('cached', 'no_cross_reuse', 'uncached')
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.decoding import LogitsFn, Search, cache_stages
+from transformer_nmt.decoding.search import LogitsFn, Search, cache_stages
 
 
 def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:

@@ -8,8 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.attention import xavier_dense
-from transformer_nmt.precision import mixed_matmul
+from transformer_nmt.model.attention import xavier_dense
+from transformer_nmt.model.precision import mixed_matmul
 from transformer_nmt.config import ModelConfig
 
 
