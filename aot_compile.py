@@ -75,7 +75,8 @@ def _format(report: dict) -> str:
            'xla_estimate': "XLA's estimated cycles"}
   for name, s in report['step'].items():
     lines.append(f"  step by {names[name]}: {1e3 * s['seconds']:.2f} ms, "
-                 f"{s['tokens_per_s']:,.0f} target tokens/s for the slice, MFU {100 * s['mfu']:.0f}%")
+                 f"{s['tokens_per_s']:,.0f} target tokens/s for the slice, "
+                 f"MFU {100 * s['mfu']:.0f}%")
   for row in report.get('top', []):
     lines.append(f"  {row['cycles']:>10,} cycles  {row['shape'][:60]:<60}  {row['op_name'][-90:]}")
   if 'xla_estimate' not in report['step']:

@@ -81,8 +81,8 @@ class _Progress:
 
 def run() -> None:
   from transformer_nmt import metrics
-  from transformer_nmt.errors import DataError
   from transformer_nmt.decoding.translator import Translator, load_workdir
+  from transformer_nmt.errors import DataError
   lines = _read(_INPUT.value)
   refs = _read(_REFERENCE.value) if _REFERENCE.value else None
   if refs is not None and len(refs) != len(lines):

@@ -33,6 +33,7 @@ def main(argv: list[str]) -> None:
   except ImportError:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
+
   from transformer_nmt.ctranslate2_export import export
   from transformer_nmt.decoding.translator import load_workdir
   out = pathlib.Path(_OUT.value)

@@ -20,8 +20,8 @@ _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the translations plo
 
 
 def run() -> None:
-  from transformer_nmt.data import batching as data_lib
   from transformer_nmt import plots
+  from transformer_nmt.data import batching as data_lib
   from transformer_nmt.errors import DataError
   from transformer_nmt.metrics import read_metrics
   workdir = pathlib.Path(_WORKDIR.value)

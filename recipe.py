@@ -61,9 +61,9 @@ def main(argv: list[str]) -> None:
 
 def run(alphas: list[float]) -> None:
   from transformer_nmt import plots, recipe
-  from transformer_nmt.training import loop as trainer
   from transformer_nmt.checkpoint import Checkpointer
   from transformer_nmt.metrics import read_metrics
+  from transformer_nmt.training import loop as trainer
   config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
   valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
   steps_dir = workdir / 'checkpoints'
@@ -112,8 +112,8 @@ def run(alphas: list[float]) -> None:
 
 def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
   """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
-  from transformer_nmt.data import corpus as corpus_lib
   from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.data import corpus as corpus_lib
   from transformer_nmt.training import loop as trainer
   trainer.validate_config(config)
   d = config.data

@@ -76,7 +76,9 @@ def measure(model, rows, beam, options):
 
 
 def ct2_name(compute_type):
-  return 'CTranslate2 (same weights)' if compute_type == 'float32' else f'CTranslate2, {compute_type}'
+  if compute_type == 'float32':
+    return 'CTranslate2 (same weights)'
+  return f'CTranslate2, {compute_type}'
 
 
 def measure_ctranslate2(model, rows, beam, directory, compute_type):
@@ -108,7 +110,7 @@ def main(argv):
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.decoding.translator import load_workdir
   model = load_workdir(_WORKDIR.value)
-  lines = [l for l in data_lib.read_lines(_INPUT.value) if l][:_MAX_SENTENCES.value]
+  lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_MAX_SENTENCES.value]
   rows = [np.array(ids + [model.src_tok.eos_id], np.int32) for ids in model.src_tok.encode(lines)]
   header = (f'{len(rows)} sentences from `{_INPUT.value}`; model {model.cfg.num_layers}+'
             f'{model.cfg.num_layers} layers, d_model {model.cfg.d_model}, checkpoint steps '
@@ -152,6 +154,7 @@ def main(argv):
   print(text)
   if _MARKDOWN.value:
     import pathlib
+
     from bench_markdown import write_section
     write_section(pathlib.Path(_MARKDOWN.value), 'bench/decode.py', text)
 

@@ -41,6 +41,7 @@ def attention() -> None:
   """One decoding query per row over a 32-position self-attention cache, 1024 rows."""
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.model.attention import KVCache
   n, length, h, d = 1024, 32, 4, 64
   q = jax.random.normal(jax.random.key(0), (n, 1, h, d))
@@ -60,6 +61,7 @@ def cross() -> None:
   """Beam 4's cross-attention: 256 sentences x 4 beams over 16 source positions."""
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.model.attention import dot_product_attention
   b, g, s, h, d = 256, 4, 16, 4, 64
   q = jax.random.normal(jax.random.key(0), (b * g, 1, h, d))
@@ -75,6 +77,7 @@ def cross() -> None:
 def topk() -> None:
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.decoding.topk import top_k
   for shape in [(1024, 8000), (1024, 37000)]:
     x = jax.random.normal(jax.random.key(0), shape)
@@ -89,6 +92,7 @@ def candidates() -> None:
   """Beam search's ranking of extensions: 256 sentences x 4 beams x 8000 tokens."""
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.decoding.beam import _candidates
   b, k, v = 256, 4, 8000
   logits = jax.random.normal(jax.random.key(0), (b * k, v))
@@ -110,6 +114,7 @@ def loss() -> None:
   """Label-smoothed loss, forward with metrics and gradient, logits [32, 32, 37000]."""
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.training.losses import smoothed_cross_entropy
   logits = jax.random.normal(jax.random.key(0), (32, 32, 37000)) * 3
   targets = jax.random.randint(jax.random.key(1), (32, 32), 0, 37000)
@@ -133,6 +138,7 @@ def dpa() -> None:
   """Our attention against jax.nn.dot_product_attention (XLA), forward and backward."""
   import jax
   import jax.numpy as jnp
+
   from transformer_nmt.model import attention
   for b, t, h, d, dtype in [(64, 24, 4, 64, 'float32'), (64, 24, 4, 64, 'bfloat16'),
                             (32, 32, 8, 64, 'float32')]:
@@ -159,6 +165,7 @@ def main(argv):
   print(text)
   if _MARKDOWN.value:
     import pathlib
+
     from bench_markdown import write_section
     write_section(pathlib.Path(_MARKDOWN.value), 'bench/micro.py', text)
 

@@ -52,6 +52,7 @@ def peer_program(config, devices: list, rows: int, length: int):
   """The Flax WMT example's train step at our config's sizes, lowered for `devices`."""
   import functools
 
+  import flax.training.checkpoints  # noqa: F401 -- looks for TensorFlow before the stand-ins exist
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -59,7 +60,6 @@ def peer_program(config, devices: list, rows: int, length: int):
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
   from transformer_nmt import aot
-  import flax.training.checkpoints  # noqa: F401 -- looks for TensorFlow before the stand-ins exist
   peer_dir = pathlib.Path(_PEER.value)
   for name in _ABSENT:
     sys.modules.setdefault(name, types.ModuleType(name))

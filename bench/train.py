@@ -73,7 +73,7 @@ def model_section() -> dict:
 def fixed_lengths(batch: int, length: int, seed: int = 0):
   import numpy as np
   rng = np.random.default_rng(seed)
-  return (rng.integers(length // 2, length + 1, batch), rng.integers(length // 2, length + 1, batch))
+  return tuple(rng.integers(length // 2, length + 1, batch) for _ in range(2))
 
 
 def train_flops(m: dict, batch: int, src_len: int, tgt_len: int) -> float:
@@ -129,8 +129,8 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   import ml_collections
 
   from transformer_nmt.config import model_config_from_dict
-  from transformer_nmt.training.steps import train_step
   from transformer_nmt.training.state import create_train_state, learning_rate_fn
+  from transformer_nmt.training.steps import train_step
 
   m = model_section()
   m_cfg = {k: v for k, v in m.items() if k != 'vocab_size'}
@@ -165,7 +165,8 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   result['memory_mb'] = _jax_peak_memory_mb()
   if _PROFILE.value:
     result['profile'] = profile_ops(one, steps=3)
-    result['profile']['where'] = describe_ops(compiled.as_text(), list(result['profile']['ops'])[:8])
+    ops = list(result['profile']['ops'])[:8]
+    result['profile']['where'] = describe_ops(compiled.as_text(), ops)
   return result
 
 

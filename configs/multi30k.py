@@ -32,7 +32,8 @@ def get_config(direction: str = 'en-de') -> ml_collections.ConfigDict:
   c.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, residual_dropout=0.1,
                  embedding_dropout=0.1, attention_dropout=0.1, relu_dropout=0.1,
                  norm_position='pre', dtype='bfloat16')
-  c.data.update(source='text', train_src=f'{MULTI30K}/train.{src}', train_tgt=f'{MULTI30K}/train.{tgt}',
+  c.data.update(source='text', train_src=f'{MULTI30K}/train.{src}',
+                train_tgt=f'{MULTI30K}/train.{tgt}',
                 valid_src=f'{MULTI30K}/valid.{src}', valid_tgt=f'{MULTI30K}/valid.{tgt}',
                 test_src=f'{MULTI30K}/test2016.{src}', test_tgt=f'{MULTI30K}/test2016.{tgt}',
                 extra_test_src=(f'{MULTI30K}/test2017.{src}',),

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 pytest.importorskip('libtpu', reason='needs libtpu: pip install -r requirements-dev.txt')

@@ -2,8 +2,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.model import attention
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.model import attention
 
 
 def _numpy_attention(q, k, v, mask):

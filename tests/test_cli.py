@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT
 
 

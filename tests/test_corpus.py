@@ -1,9 +1,9 @@
 """Reading the configured corpora: the demo generator and Multi30k (skipped without ../shared)."""
 
 import pytest
+from conftest import SHARED_DATA
 
 from configs import small, tiny
-from conftest import SHARED_DATA
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError
 
@@ -43,5 +43,6 @@ def test_separate_vocabularies_train_two_models(tmp_path):
   src_tok, tgt_tok = corpus_lib.tokenizers(c.data, corpus, tmp_path)
   assert (tmp_path / 'spm.src.model').exists() and (tmp_path / 'spm.tgt.model').exists()
   assert src_tok.path != tgt_tok.path
-  de_only = set(tgt_tok.pieces(range(tgt_tok.vocab_size))) - set(src_tok.pieces(range(src_tok.vocab_size)))
+  de_only = (set(tgt_tok.pieces(range(tgt_tok.vocab_size)))
+             - set(src_tok.pieces(range(src_tok.vocab_size))))
   assert any('ü' in p or 'ä' in p or 'zig' in p for p in de_only)  # German-only subwords

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import ROOT
-from transformer_nmt.model.transformer import Transformer, init_params
+
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.model.transformer import Transformer, init_params
 
 ctranslate2 = pytest.importorskip('ctranslate2')
 

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from transformer_nmt.data import batching as data_lib
-from transformer_nmt.errors import DataError
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.errors import DataError
 
 
 @pytest.fixture
@@ -80,7 +80,8 @@ def test_batches_have_fixed_shapes_budget_and_no_padding_leaks(parallel_files, t
       assert batch['tgt_in'][row, 0] == tokenizer.bos_id
       np.testing.assert_array_equal(batch['tgt_in'][row, 1:n], data.tgt[i][:-1])
       assert (batch['tgt_out'][row, n:] == tokenizer.pad_id).all()
-      assert (batch['tgt_segments'][row, n:] == 0).all() and (batch['tgt_segments'][row, :n] == 1).all()
+      segments = batch['tgt_segments'][row]
+      assert (segments[n:] == 0).all() and (segments[:n] == 1).all()
       np.testing.assert_array_equal(batch['src_positions'][row, :len(data.src[i])],
                                     np.arange(len(data.src[i])))
     assert (batch['src_segments'][len(plan.examples):] == 0).all()  # filler rows are empty

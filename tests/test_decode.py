@@ -6,11 +6,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
-from transformer_nmt.errors import DataError
-from transformer_nmt.decoding.translator import Translator, average_params, load_workdir
+
 from transformer_nmt.data.tokenizer import train_tokenizer
+from transformer_nmt.decoding.translator import Translator, average_params, load_workdir
+from transformer_nmt.errors import DataError
 
 
 def run_decode(*flags: str, stdin: str = '') -> subprocess.CompletedProcess:

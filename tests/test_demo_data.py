@@ -251,7 +251,7 @@ def test_write_demo_corpus(tmp_path):
   assert not english_by_split["train"] & english_by_split["test"]
   assert not english_by_split["valid"] & english_by_split["test"]
   assert sorted(p.name for p in out_dir.iterdir()) == sorted(
-    f"{s}.{l}" for s in ("train", "valid", "test") for l in ("en", "de"))
+    f"{s}.{lang}" for s in ("train", "valid", "test") for lang in ("en", "de"))
 
 
 def test_write_demo_corpus_pairs_lines(tmp_path):

@@ -1,11 +1,10 @@
 """bfloat16 matmuls with float32 accumulation: values and gradients match float32."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import flax.linen as nn
 
 from transformer_nmt.model.precision import Dense, mixed_matmul
 

@@ -21,9 +21,10 @@ def test_readme_library_example_runs(capsys):
 def test_readme_test_command_is_what_ci_runs():
   readme = (ROOT / 'README.md').read_text()
   ci = (ROOT / '.ci' / 'run').read_text()
-  command = 'pip install -r requirements-dev.txt -e . && python -m pytest -q'
+  command = 'pip install -r requirements-dev.txt -e . && ruff check . && python -m pytest -q'
   assert command in readme
-  assert 'pip install -q -r requirements-dev.txt -e . && python -m pytest -q' in ci
+  assert ('pip install -q -r requirements-dev.txt -e . && ruff check . && python -m pytest -q'
+          in ci)
   # users who only train or translate install requirements.txt: no test tools, no libtpu
   assert 'pytest' not in (ROOT / 'requirements.txt').read_text()
   assert '-r requirements.txt' in (ROOT / 'requirements-dev.txt').read_text()

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.decoding.translator import load_workdir
 from transformer_nmt.metrics import read_metrics

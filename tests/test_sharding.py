@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 EIGHT_DEVICES = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
@@ -119,7 +118,8 @@ def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
   for p, err in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   # Both processes report the same losses (they hold the same replicated parameters).
-  steps = [[line.split('|')[1] for line in err.splitlines() if 'step 6/6' in line] for err in outputs]
+  steps = [[line.split('|')[1] for line in err.splitlines() if 'step 6/6' in line]
+           for err in outputs]
   assert steps[0] == steps[1] and steps[0]
   assert (tmp_path / 'mp' / 'checkpoints' / '6').exists()
 

@@ -8,8 +8,8 @@ tfds = pytest.importorskip('tensorflow_datasets')
 
 from configs import tiny  # noqa: E402
 from transformer_nmt.data import tfds as tfds_data  # noqa: E402
-from transformer_nmt.training import loop as trainer
 from transformer_nmt.errors import ConfigError, DataError  # noqa: E402
+from transformer_nmt.training import loop as trainer  # noqa: E402
 
 
 def tfds_config(**data):
@@ -25,7 +25,8 @@ def tfds_config(**data):
 def test_train_on_mock_wmt14_de_to_en(tmp_path):
   with tfds.testing.mock_data(num_examples=24):
     trainer.train_and_evaluate(tfds_config(), str(tmp_path / 'run'))
-  rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+  metrics = (tmp_path / 'run' / 'metrics.jsonl').read_text()
+  rows = [json.loads(line) for line in metrics.splitlines()]
   assert [r['step'] for r in rows if 'train_loss' in r] == [2, 4]
   assert {'eval_loss', 'eval_bleu', 'valid_bleu', 'test_bleu'} <= set(rows[-1])
   assert (tmp_path / 'run' / 'checkpoints' / '4').is_dir()

@@ -10,24 +10,31 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   decoding:  greedy_search, beam_search, length_penalty, translate, translate_greedy
 """
 
-from transformer_nmt.model.attention import (KVCache, MultiHeadAttention, attention_weights,
-                                       causal_mask, dot_product_attention, padding_mask)
-from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.config import ModelConfig, model_config_from_dict
+from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.decoding.search import greedy_search
-from transformer_nmt.errors import ConfigError, DataError, UserError
-from transformer_nmt.model.layers import sinusoidal_positions
-from transformer_nmt.training.losses import smoothed_cross_entropy
-from transformer_nmt.model.transformer import DecoderCache, Transformer, count_params, init_params
-from transformer_nmt.training.schedules import rsqrt_warmup
-from transformer_nmt.training.steps import eval_step, train_step
-from transformer_nmt.training.state import TrainState, create_train_state, make_optimizer
 from transformer_nmt.decoding.translate import translate, translate_greedy
+from transformer_nmt.errors import ConfigError, DataError, UserError
+from transformer_nmt.model.attention import (
+                                       KVCache,
+                                       MultiHeadAttention,
+                                       attention_weights,
+                                       causal_mask,
+                                       dot_product_attention,
+                                       padding_mask,
+)
+from transformer_nmt.model.layers import sinusoidal_positions
+from transformer_nmt.model.transformer import DecoderCache, Transformer, count_params, init_params
+from transformer_nmt.training.losses import smoothed_cross_entropy
+from transformer_nmt.training.schedules import rsqrt_warmup
+from transformer_nmt.training.state import TrainState, create_train_state, make_optimizer
+from transformer_nmt.training.steps import eval_step, train_step
 
 __all__ = [
-    'ConfigError', 'DataError', 'attention_weights', 'beam_search', 'length_penalty', 'translate', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',
-    'TrainState', 'Transformer', 'UserError', 'causal_mask', 'count_params', 'create_train_state',
-    'dot_product_attention', 'eval_step', 'greedy_search', 'init_params', 'make_optimizer',
-    'model_config_from_dict', 'padding_mask', 'rsqrt_warmup', 'sinusoidal_positions',
-    'smoothed_cross_entropy', 'train_step', 'translate_greedy',
+    'ConfigError', 'DataError', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',
+    'TrainState', 'Transformer', 'UserError', 'attention_weights', 'beam_search', 'causal_mask',
+    'count_params', 'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search',
+    'init_params', 'length_penalty', 'make_optimizer', 'model_config_from_dict', 'padding_mask',
+    'rsqrt_warmup', 'sinusoidal_positions', 'smoothed_cross_entropy', 'train_step', 'translate',
+    'translate_greedy',
 ]

@@ -261,8 +261,8 @@ def train_program(config: Any, devices: list, rows: int, length: int) -> Program
   """train.py's step (its mesh, shardings and donation) for one batch of [rows, length] per
   update on `devices`, lowered from shapes alone."""
   from transformer_nmt import sharding
-  from transformer_nmt.training import loop as trainer
   from transformer_nmt.model.transformer import count_params
+  from transformer_nmt.training import loop as trainer
   from transformer_nmt.training.state import create_train_state
   model_cfg = _model_config(config)
   mesh = trainer.make_mesh(config, devices)

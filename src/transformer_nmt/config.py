@@ -60,7 +60,8 @@ class ModelConfig:
     _check(self.norm_position in ('post', 'pre'),
            f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
     _check(self.positional_encoding in ('interleaved', 'concat'),
-           f"model.positional_encoding={self.positional_encoding!r} must be 'interleaved' or 'concat'")
+           f'model.positional_encoding={self.positional_encoding!r} must be '
+           "'interleaved' or 'concat'")
     _check(self.dtype in ('float32', 'bfloat16'),
            f"model.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
     _check(self.layer_norm_epsilon > 0, 'model.layer_norm_epsilon must be positive')
@@ -98,7 +99,8 @@ def check_sections(config: Mapping[str, Any], schema: Mapping[str, Mapping[str, 
   for section, values in config.items():
     _check(section in schema, f'unknown config section {section!r}; valid: {sorted(schema)}')
     for key, value in dict(values).items():
-      _check(key in schema[section], f'unknown option {section}.{key}; valid: {sorted(schema[section])}')
+      _check(key in schema[section],
+             f'unknown option {section}.{key}; valid: {sorted(schema[section])}')
       default = schema[section][key]
       if default is not None and value is not None and not _same_kind(default, value):
         raise ConfigError(f'{section}.{key}={value!r} should be of type {type(default).__name__}')

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.model.layers import sinusoidal_positions
-from transformer_nmt.data.tokenizer import Tokenizer
 
 
 def _linear(spec: Any, kernel: np.ndarray, bias: Any = None) -> None:

@@ -126,10 +126,11 @@ def hours(seconds: Optional[float]) -> str:
   return f'{m // 60}h{m % 60:02d}m'
 
 
-RESULTS_HEADER = """\
-| date | config | direction | steps | train wall | hardware | checkpoint, search (chosen on valid) | valid BLEU | test sets: sacreBLEU / chrF | plots | sacreBLEU signature |
-| --- | --- | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |
-"""
+_COLUMNS = ('date', 'config', 'direction', 'steps', 'train wall', 'hardware',
+            'checkpoint, search (chosen on valid)', 'valid BLEU', 'test sets: sacreBLEU / chrF',
+            'plots', 'sacreBLEU signature')
+_ALIGN = ('---', '---', '---', '---:', '---:', '---', '---', '---:', '---', '---', '---')
+RESULTS_HEADER = f"| {' | '.join(_COLUMNS)} |\n| {' | '.join(_ALIGN)} |\n"
 
 
 def results_row(*, config: str, direction: str, steps: int, train_seconds: Optional[float],

@@ -14,8 +14,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from transformer_nmt.errors import DataError
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.errors import DataError
 
 Batch = dict[str, np.ndarray]
 

@@ -9,10 +9,10 @@ import pathlib
 import shutil
 from typing import Any, Optional
 
-from transformer_nmt.data import batching as data_lib
 from transformer_nmt import sharding
-from transformer_nmt.errors import ConfigError
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.errors import ConfigError
 
 Lines = tuple[list[str], list[str], data_lib.ReadStats]
 
@@ -86,7 +86,8 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
   return leader or _tokenizers(data_cfg, corpus, workdir)
 
 
-def _tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
+def _tokenizers(data_cfg: Any, corpus: Corpus,
+                workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_lines, tgt_lines, _ = corpus.train
   if data_cfg.joint_vocab:
     tok = _load_or_train(data_cfg, workdir / 'spm.model', src_lines + tgt_lines, data_cfg.spm_model)

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
-from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding.search import LogitsFn, Search, greedy, padded_length
 from transformer_nmt.model.transformer import Transformer
 

@@ -11,12 +11,12 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.data import batching as data_lib
 from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
+from transformer_nmt.errors import ConfigError, DataError
 
 
 @dataclasses.dataclass

@@ -203,7 +203,7 @@ class MultiHeadAttention(nn.Module):
     return x.reshape(x.shape[:-1] + (self.cfg.num_heads, self.cfg.head_dim))  # [B, L, H, Dh]
 
   def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[B, S, D] -> keys and values, each [B, S, H, Dh]; computed once per batch for cross-attention."""
+    """[B, S, D] -> keys and values, each [B, S, H, Dh] (once per batch for cross-attention)."""
     return self._split(self.key(x)), self._split(self.value(x))
 
   def attend(self, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],

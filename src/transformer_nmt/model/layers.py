@@ -8,9 +8,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.model.attention import xavier_dense
 from transformer_nmt.model.precision import mixed_matmul
-from transformer_nmt.config import ModelConfig
 
 
 def sinusoidal_positions(positions: jax.Array, d_model: int,

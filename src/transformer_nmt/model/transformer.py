@@ -14,9 +14,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.model.attention import (KVCache, MultiHeadAttention, causal_mask, padding_mask,
-                                       xavier_dense)
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.model.attention import (
+  KVCache,
+  MultiHeadAttention,
+  causal_mask,
+  padding_mask,
+  xavier_dense,
+)
 from transformer_nmt.model.layers import Embed, FeedForward, sinusoidal_positions
 
 

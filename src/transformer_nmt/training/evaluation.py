@@ -9,13 +9,13 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.data import batching as data_lib
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translator import Translator
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.steps import eval_step
-from transformer_nmt.data.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass

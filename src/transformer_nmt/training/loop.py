@@ -15,18 +15,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_nmt.data import corpus as corpus_lib
-from transformer_nmt.data import batching as data_lib
 from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.config import ModelConfig, check_sections, model_config_from_dict
+from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.defaults import default_config
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.training.evaluation import Evaluator, subset
 from transformer_nmt.metrics import MetricWriter
 from transformer_nmt.model.transformer import count_params
-from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
+from transformer_nmt.training.evaluation import Evaluator, subset
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
+from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
