@@ -57,11 +57,8 @@ def _write(path: str, lines: list[str]) -> None:
   if path == '-':
     sys.stdout.write(text)
     return
-  import os
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)  # never a half-written output file
+  from transformer_nmt.files import write_atomically
+  write_atomically(path, text)  # never a half-written output file
 
 
 class _Progress:
@@ -92,8 +89,8 @@ def run() -> None:
     raise DataError('--beam_size, --batch_tokens and --chunk must be positive, --max_extra_len '
                     'and --top_k non-negative')
   if _COMPILE_CACHE.value:  # before loading, which compiles too
-    import os
-    use_compile_cache(os.path.join(_WORKDIR.value, 'compile_cache'))
+    from transformer_nmt.workdir import Workdir
+    use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
   search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
             if _TEMPERATURE.value > 0 else

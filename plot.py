@@ -24,10 +24,11 @@ def run() -> None:
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.errors import DataError
   from transformer_nmt.metrics import read_metrics
+  from transformer_nmt.workdir import Workdir
   workdir = pathlib.Path(_WORKDIR.value)
-  rows = read_metrics(workdir / 'metrics.jsonl')
+  rows = read_metrics(Workdir(workdir).metrics)
   if not rows:
-    raise DataError(f'{workdir / "metrics.jsonl"} is missing or empty: is {workdir} a workdir?')
+    raise DataError(f'{Workdir(workdir).metrics} is missing or empty: is {workdir} a workdir?')
   out = pathlib.Path(_OUT.value) if _OUT.value else workdir / 'plots'
   paths = [plots.plot_learning_curves(rows, out / 'curves.png', title=workdir.name)]
   if _INPUT.value:

@@ -64,15 +64,16 @@ def run(alphas: list[float]) -> None:
   from transformer_nmt.checkpoint import Checkpointer
   from transformer_nmt.metrics import read_metrics
   from transformer_nmt.training import loop as trainer
+  from transformer_nmt.workdir import Workdir
   config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
   valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
-  steps_dir = workdir / 'checkpoints'
+  steps_dir = Workdir(workdir).checkpoints
   done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None
   if (done or 0) < config.train.num_steps:
     trainer.train_and_evaluate(config, str(workdir))
   else:
     logging.info('%s has reached step %d: not training', workdir, config.train.num_steps)
-  rows = read_metrics(workdir / 'metrics.jsonl')
+  rows = read_metrics(Workdir(workdir).metrics)
   wall = max((r['wall_s'] for r in rows if 'wall_s' in r), default=None)
 
   t0 = time.time()

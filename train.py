@@ -42,8 +42,8 @@ def main(argv: list[str]) -> None:
   from transformer_nmt import sharding  # after flag parsing: keeps --help fast
   from transformer_nmt.training import loop as trainer
   if _COMPILE_CACHE.value:
-    import os
-    use_compile_cache(os.path.join(_WORKDIR.value, 'compile_cache'))
+    from transformer_nmt.workdir import Workdir
+    use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
   try:

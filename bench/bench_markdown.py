@@ -2,6 +2,8 @@
 
 import pathlib
 
+from transformer_nmt.files import write_atomically
+
 
 def write_section(path: pathlib.Path, name: str, text: str) -> None:
   """Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` (appends the
@@ -13,6 +15,4 @@ def write_section(path: pathlib.Path, name: str, text: str) -> None:
     new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
   else:
     new = old.rstrip('\n') + '\n\n' + block + '\n'
-  tmp = path.with_suffix('.tmp')
-  tmp.write_text(new, encoding='utf-8')
-  tmp.replace(path)
+  write_atomically(path, new)

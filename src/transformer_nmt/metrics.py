@@ -11,17 +11,19 @@ from typing import Mapping, Sequence
 import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
+from transformer_nmt.workdir import Workdir
+
 
 class MetricWriter:
   """Appends one JSON object per call to `metrics.jsonl` and mirrors scalars to TensorBoard."""
 
   def __init__(self, workdir: str | os.PathLike, enabled: bool = True):
-    self.path = pathlib.Path(workdir) / 'metrics.jsonl'
+    self.path = Workdir(workdir).metrics
     self.enabled = enabled
     self._tb = None
     if enabled:
       from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
-      self._tb = SummaryWriter(str(pathlib.Path(workdir) / 'tensorboard'))
+      self._tb = SummaryWriter(str(Workdir(workdir).tensorboard))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:

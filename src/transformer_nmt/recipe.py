@@ -13,7 +13,9 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from transformer_nmt.decoding.translator import LoadedModel, Translator, load_workdir
+from transformer_nmt.files import write_atomically
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
+from transformer_nmt.workdir import Workdir
 
 Log = Callable[[str], None]
 
@@ -57,13 +59,12 @@ Loader = Callable[[], LoadedModel]
 def checkpoint_candidates(workdir: str | os.PathLike,
                           average_last: int) -> list[tuple[str, Loader]]:
   """(label, loader) for the latest checkpoint, the average of the last N and the best one."""
-  workdir = pathlib.Path(workdir)
   candidates = [('latest', lambda: load_workdir(workdir))]
-  available = len(list((workdir / 'checkpoints').glob('[0-9]*')))
+  available = len(list(Workdir(workdir).checkpoints.glob('[0-9]*')))
   n = min(average_last, available)
   if n > 1:
     candidates.append((f'average of last {n}', lambda: load_workdir(workdir, average_last=n)))
-  if (workdir / 'best').exists():
+  if Workdir(workdir).best.exists():
     candidates.append(('best', lambda: load_workdir(workdir, best=True)))
   return candidates
 
@@ -158,6 +159,4 @@ def append_row(path: str | os.PathLike, row: str, intro: str) -> None:
   if not text.endswith('\n'):
     text += '\n'
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix('.tmp')
-  tmp.write_text(text + row, encoding='utf-8')
-  tmp.replace(path)
+  write_atomically(path, text + row)

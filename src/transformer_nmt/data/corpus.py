@@ -13,6 +13,7 @@ from transformer_nmt import sharding
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.workdir import Workdir
 
 Lines = tuple[list[str], list[str], data_lib.ReadStats]
 
@@ -89,13 +90,14 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
 def _tokenizers(data_cfg: Any, corpus: Corpus,
                 workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_lines, tgt_lines, _ = corpus.train
+  src_path, tgt_path = Workdir(workdir).tokenizer_paths(data_cfg.joint_vocab)
   if data_cfg.joint_vocab:
-    tok = _load_or_train(data_cfg, workdir / 'spm.model', src_lines + tgt_lines, data_cfg.spm_model)
+    tok = _load_or_train(data_cfg, src_path, src_lines + tgt_lines, data_cfg.spm_model)
     return tok, tok
   if data_cfg.spm_model:
     raise ConfigError('data.spm_model gives one shared model; it needs data.joint_vocab=True')
-  return (_load_or_train(data_cfg, workdir / 'spm.src.model', src_lines, ''),
-          _load_or_train(data_cfg, workdir / 'spm.tgt.model', tgt_lines, ''))
+  return (_load_or_train(data_cfg, src_path, src_lines, ''),
+          _load_or_train(data_cfg, tgt_path, tgt_lines, ''))
 
 
 def _load_or_train(data_cfg: Any, path: pathlib.Path, lines: list[str], given: str) -> Tokenizer:

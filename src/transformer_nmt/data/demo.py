@@ -30,9 +30,10 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-import tempfile
 from functools import lru_cache
 from typing import Callable, NamedTuple
+
+from transformer_nmt.files import atomic_output
 
 MAX_NUMBER = 9999
 
@@ -592,21 +593,8 @@ def generate_pairs(num_pairs: int, seed: int) -> list[tuple[str, str]]:
 
 def _write_lines_atomically(path: pathlib.Path, lines: list[str]) -> None:
   # A crash must never leave a half-written file under the final name.
-  fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                  dir=path.parent)
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-      f.writelines(line + "\n" for line in lines)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp_name, 0o644)  # mkstemp creates the file as 0600
-    os.replace(tmp_name, path)
-  except BaseException:
-    try:
-      os.unlink(tmp_name)
-    except FileNotFoundError:
-      pass
-    raise
+  with atomic_output(path) as f:
+    f.writelines(line + "\n" for line in lines)
 
 
 def _write_split(out_dir: pathlib.Path, split: str,

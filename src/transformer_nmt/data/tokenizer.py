@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 from transformer_nmt.errors import DataError
+from transformer_nmt.files import write_atomically
 
 
 class Tokenizer:
@@ -88,8 +89,5 @@ def train_tokenizer(lines: Sequence[str], path: str | os.PathLike, *, vocab_size
       model_type=model_type, character_coverage=character_coverage, pad_id=0, unk_id=1,
       bos_id=2, eos_id=3, hard_vocab_limit=False, num_threads=os.cpu_count() or 1,
       minloglevel=2)
-  path = pathlib.Path(path)
-  tmp = path.with_suffix(path.suffix + '.tmp')
-  tmp.write_bytes(model.getvalue())
-  os.replace(tmp, path)
+  write_atomically(path, model.getvalue())
   return Tokenizer(path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import pathlib
 from typing import Any, Callable, Optional, Sequence
 
@@ -17,6 +16,7 @@ from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.workdir import Workdir
 
 
 @dataclasses.dataclass
@@ -38,16 +38,15 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
 
   The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
   """
-  workdir = pathlib.Path(workdir)
-  config_path = workdir / 'config.json'
-  if not config_path.exists():
-    raise DataError(f'{workdir} is not a training workdir (no config.json)')
-  config = json.loads(config_path.read_text())
+  wd = Workdir(workdir)
+  if not wd.config.exists():
+    raise DataError(f'{workdir} is not a training workdir (no {wd.config.name})')
+  config = wd.read_config()
   cfg = ModelConfig(**config['resolved_model'])
-  src_tok, tgt_tok = _tokenizers(workdir, cfg)
+  src_tok, tgt_tok = _tokenizers(wd)
   if best and (checkpoint is not None or average_last):
     raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
-  directory = workdir / ('best' if best else 'checkpoints')
+  directory = wd.checkpoint_dir(best)
   if best and not directory.exists():
     raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
                     'evaluation has run yet)')
@@ -59,13 +58,12 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config)
 
 
-def _tokenizers(workdir: pathlib.Path, cfg: ModelConfig) -> tuple[Tokenizer, Tokenizer]:
-  if (workdir / 'spm.model').exists():
-    tok = Tokenizer(workdir / 'spm.model')
-    return tok, tok
-  if (workdir / 'spm.src.model').exists() and (workdir / 'spm.tgt.model').exists():
-    return Tokenizer(workdir / 'spm.src.model'), Tokenizer(workdir / 'spm.tgt.model')
-  raise DataError(f'{workdir} has no SentencePiece model (spm.model)')
+def _tokenizers(wd: Workdir) -> tuple[Tokenizer, Tokenizer]:
+  paths = wd.existing_tokenizer_paths()
+  if paths is None:
+    raise DataError(f'{wd.root} has no SentencePiece model ({wd.tokenizer_paths(True)[0].name})')
+  src = Tokenizer(paths[0])
+  return src, src if paths[1] == paths[0] else Tokenizer(paths[1])
 
 
 def _choose_steps(available: Sequence[int], workdir: pathlib.Path, checkpoint: Optional[int],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import pathlib
 import time
@@ -27,6 +26,7 @@ from transformer_nmt.model.transformer import count_params
 from transformer_nmt.training.evaluation import Evaluator, subset
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
 from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
+from transformer_nmt.workdir import Workdir
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -111,18 +111,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
 def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
                             workdir: pathlib.Path) -> None:
   """Writes config.json; refuses a workdir whose checkpoints belong to another model config."""
-  path = workdir / 'config.json'
+  wd = Workdir(workdir)
   model = dataclasses.asdict(model_cfg)
-  if path.exists() and (workdir / 'checkpoints').exists():
-    old = json.loads(path.read_text()).get('resolved_model', {})
+  if wd.config.exists() and wd.checkpoints.exists():
+    old = wd.read_config().get('resolved_model', {})
     diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
     if diff:
       raise ConfigError(f'{workdir} holds checkpoints of a different model (differs in {diff}); '
                         'use a new --workdir')
-  resolved = {**config.to_dict(), 'resolved_model': model}
-  tmp = path.with_suffix('.tmp')
-  tmp.write_text(json.dumps(resolved, indent=2, default=list))
-  tmp.replace(path)
+  wd.write_config({**config.to_dict(), 'resolved_model': model})
 
 
 class Progress:
@@ -205,8 +202,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   rng = jax.random.key(t.seed)
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
   logging.info('Model: %s parameters', f'{count_params(state.params):,}')
-  ckpt = Checkpointer(workdir_path / 'checkpoints', keep=t.keep_checkpoints)
-  best = Checkpointer(workdir_path / 'best', keep=1, best_metric='eval_bleu') if t.keep_best \
+  ckpt = Checkpointer(Workdir(workdir).checkpoints, keep=t.keep_checkpoints)
+  best = Checkpointer(Workdir(workdir).best, keep=1, best_metric='eval_bleu') if t.keep_best \
       else None
   restored = ckpt.restore_latest_readable(state)
   data_position, dropout_key = 0, jax.random.fold_in(rng, 1)

@@ -1,0 +1,41 @@
+"""The workdir layout and atomic writes."""
+
+import json
+import os
+
+import pytest
+
+from transformer_nmt.files import atomic_output, write_atomically
+from transformer_nmt.workdir import Workdir
+
+
+def test_workdir_names_every_file(tmp_path):
+  wd = Workdir(tmp_path)
+  assert wd.config == tmp_path / 'config.json' and wd.metrics == tmp_path / 'metrics.jsonl'
+  assert wd.checkpoint_dir() == tmp_path / 'checkpoints'
+  assert wd.checkpoint_dir(best=True) == tmp_path / 'best'
+  assert wd.compile_cache.parent == wd.tensorboard.parent == tmp_path
+  joint, separate = wd.tokenizer_paths(True), wd.tokenizer_paths(False)
+  assert joint[0] == joint[1] and separate[0] != separate[1]
+  assert wd.existing_tokenizer_paths() is None
+  for path in separate:
+    path.write_bytes(b'x')
+  assert wd.existing_tokenizer_paths() == separate
+  joint[0].write_bytes(b'x')
+  assert wd.existing_tokenizer_paths() == joint  # a joint model wins
+  wd.write_config({'model': {'d_model': 8}, 'data': {'extra_test_src': ('a', 'b')}})
+  assert wd.read_config() == {'model': {'d_model': 8}, 'data': {'extra_test_src': ['a', 'b']}}
+  assert json.loads(wd.config.read_text())['model']['d_model'] == 8
+
+
+def test_atomic_output_replaces_only_on_success(tmp_path):
+  path = tmp_path / 'out.txt'
+  write_atomically(path, 'old\n')
+  with pytest.raises(RuntimeError):
+    with atomic_output(path) as f:
+      f.write('half')
+      raise RuntimeError('disk full')
+  assert path.read_text() == 'old\n'  # untouched, and no temporary file left beside it
+  assert os.listdir(tmp_path) == ['out.txt']
+  write_atomically(path, b'\x00bytes')
+  assert path.read_bytes() == b'\x00bytes' and oct(path.stat().st_mode & 0o777) == '0o644'
