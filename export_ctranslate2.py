@@ -10,8 +10,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_nmt.cli import fail, quiet_logging
-from transformer_nmt.errors import UserError
+from transformer_nmt.cli import fail, main_running
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
@@ -24,10 +23,7 @@ _QUANTIZATION = flags.DEFINE_enum('quantization', None, ['int8', 'int8_float32',
                                   'Weight type in the export (default: float32).')
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_logging()
+def run() -> None:
   try:
     import ctranslate2  # noqa: F401
   except ImportError:
@@ -39,13 +35,10 @@ def main(argv: list[str]) -> None:
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):
     fail(f'--out={out} exists and is not empty; choose a new directory')
-  try:
-    model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
-    export(model.cfg, model.params, model.src_tok, model.tgt_tok, out, _QUANTIZATION.value)
-  except UserError as e:
-    fail(str(e))
+  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+  export(model.cfg, model.params, model.src_tok, model.tgt_tok, out, _QUANTIZATION.value)
   print(f'wrote CTranslate2 model of checkpoint step(s) {model.steps} to {out}', file=sys.stderr)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main_running(run))

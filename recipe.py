@@ -20,8 +20,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_nmt.cli import config_flag_parser, fail, quiet_logging
-from transformer_nmt.errors import UserError
+from transformer_nmt.cli import config_flag_parser, fail, main_running
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -41,22 +40,14 @@ are sacreBLEU (cased, detokenised, 13a tokenisation, with its signature) and chr
 """
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_logging()
+def checked_run() -> None:
   try:
     alphas = [float(a) for a in _ALPHAS.value]
   except ValueError:
     fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
   if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _AVERAGE.value < 0:
     fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
-  try:
-    run(alphas)
-  except UserError as e:
-    fail(str(e))
-  except KeyboardInterrupt:
-    raise SystemExit(130)
+  run(alphas)
 
 
 def run(alphas: list[float]) -> None:
@@ -149,4 +140,4 @@ def _direction(d) -> str:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=config_flag_parser(_CONFIG))
+  app.run(main_running(checked_run), flags_parser=config_flag_parser(_CONFIG))

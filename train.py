@@ -9,8 +9,7 @@ import signal
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_nmt.cli import config_flag_parser, fail, quiet_logging, use_compile_cache
-from transformer_nmt.errors import UserError
+from transformer_nmt.cli import config_flag_parser, fail, main_running, use_compile_cache
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics, tokenizer.',
@@ -30,10 +29,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
   raise KeyboardInterrupt  # preemption: the trainer checkpoints the last completed step
 
 
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_logging()
+def run() -> None:
   signal.signal(signal.SIGTERM, _on_sigterm)
   if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
     fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
@@ -46,13 +42,8 @@ def main(argv: list[str]) -> None:
     use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
-  try:
-    trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except UserError as e:
-    fail(str(e))
-  except KeyboardInterrupt:
-    raise SystemExit(130)  # the trainer has saved a checkpoint; rerunning resumes from it
+  trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=config_flag_parser(_CONFIG))
+  app.run(main_running(run), flags_parser=config_flag_parser(_CONFIG))

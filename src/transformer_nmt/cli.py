@@ -60,8 +60,9 @@ def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
 
 
 def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
-  """An absl `main` that rejects stray arguments, quiets logging and reports UserErrors
-  (bad files, options, workdirs) in one line."""
+  """An absl `main` that rejects stray arguments, quiets logging, reports UserErrors (bad
+  files, options, workdirs) in one line and exits with code 130 on Ctrl-C (train.py has then
+  saved a checkpoint that a rerun resumes from)."""
   def main(argv: list[str]) -> None:
     from absl import app
 
@@ -73,4 +74,6 @@ def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
       run()
     except UserError as e:
       fail(str(e))
+    except KeyboardInterrupt:
+      raise SystemExit(130) from None
   return main

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 
 from transformer_nmt.decoding.search import LogitsFn, Search, decode_loop, padded_length
 from transformer_nmt.decoding.topk import top_k
-
-NEG_INF = -1.0e9  # finite, so that sums and comparisons of "impossible" scores stay well-defined
+from transformer_nmt.model.attention import NEG_INF
 
 
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
@@ -141,11 +140,6 @@ def rows_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'boun
   if stop == 'k_finished':
     done |= s.scores[:, -1] > NEG_INF / 2
   return done
-
-
-def is_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
-  """True when every row is done (`rows_done`)."""
-  return jnp.all(rows_done(s, max_lens, alpha, stop))
 
 
 def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:

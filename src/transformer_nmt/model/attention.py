@@ -16,6 +16,10 @@ import jax.numpy as jnp
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.model.precision import Dense
 
+# The one minus infinity: masked attention logits and impossible search scores. Finite, so
+# that sums and comparisons stay well-defined; exp(NEG_INF - max) is exactly 0 in float32.
+NEG_INF = -1.0e9
+
 
 def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
   """softmax(Q K^T / sqrt(d_k)) of eq. 1 as float32 probabilities [B, H, T, S].
@@ -39,7 +43,7 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> 
 def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
   if mask is None:
     return jax.nn.softmax(logits, axis=-1)
-  probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+  probs = jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1)
   return jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
 
 

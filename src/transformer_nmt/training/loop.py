@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import pathlib
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -123,45 +124,58 @@ def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelC
 
 
 class Progress:
-  """Accumulates step metrics on device and logs them every `every` steps (one host sync)."""
+  """Accumulates step metrics on device and logs them (one host sync per log).
 
-  def __init__(self, num_steps: int, start: int, writer: MetricWriter, wall_before: float = 0.0):
-    self.num_steps, self.writer = num_steps, writer
+  Time spent outside training (evaluation, saving the best checkpoint), declared with
+  `outside_training`, is left out of tokens/s, the elapsed training time and the time left,
+  wherever it falls in a logging interval.
+  """
+
+  def __init__(self, num_steps: int, start: int, wall_before: float = 0.0,
+               clock: Callable[[], float] = time.time):
+    self.num_steps, self.start_step, self.clock = num_steps, start, clock
     self.pending: list[dict] = []
     self.padding: list[float] = []
-    self.start_step, self.t0 = start, time.time()
-    self.last_step, self.last_t = start, self.t0
+    self.t0 = self.interval_start = clock()
     self.wall0 = self.t0 - wall_before  # wall_s counts earlier runs of a resumed workdir too
+    self.paused = 0.0  # seconds outside training in the current logging interval
+    self.paused_total = 0.0  # ... since the start
 
   def add(self, metrics: dict, batches: list[data_lib.Batch]) -> None:
     self.pending.append(metrics)
     self.padding.extend(data_lib.padding_fraction(b) for b in batches)
 
-  def skip_time(self) -> None:
-    """Excludes time spent outside training (evaluation, checkpoint waits) from throughput."""
-    now = time.time()
-    self.t0 += now - self.last_t
-    self.last_t = now
+  @contextlib.contextmanager
+  def outside_training(self) -> Iterator[None]:
+    start = self.clock()
+    try:
+      yield
+    finally:
+      spent = self.clock() - start
+      self.paused += spent
+      self.paused_total += spent
 
   def log(self, step: int) -> dict:
     sums = sharding.local_copy(self.pending)  # the one host sync per logging interval
     tokens = sum(float(m['tokens']) for m in sums)
     real_src = sum(float(m.get('src_tokens', 0.0)) for m in sums)
-    now = time.time()
-    per_step = (now - self.t0) / max(step - self.start_step, 1)
+    now = self.clock()
+    trained = now - self.t0 - self.paused_total
+    per_step = trained / max(step - self.start_step, 1)
+    interval = now - self.interval_start - self.paused
     row = {'train_loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
            'train_nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
            'learning_rate': float(sums[-1]['learning_rate']),
            'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
-           'tokens_per_sec': (tokens + real_src) / max(now - self.last_t, 1e-9),
+           'tokens_per_sec': (tokens + real_src) / max(interval, 1e-9),
            'padding_fraction': float(np.mean(self.padding)),
            'wall_s': now - self.wall0}
     logging.info('step %d/%d | loss %.3f (nll %.3f) | lr %.2e | %.0f tok/s | pad %.0f%% | '
                  '%s elapsed, %s left', step, self.num_steps, row['train_loss'], row['train_nll'],
                  row['learning_rate'],
-                 row['tokens_per_sec'], 100 * row['padding_fraction'], _hms(now - self.t0),
+                 row['tokens_per_sec'], 100 * row['padding_fraction'], _hms(trained),
                  _hms(per_step * (self.num_steps - step)))
-    self.pending, self.padding, self.last_step, self.last_t = [], [], step, now
+    self.pending, self.padding, self.interval_start, self.paused = [], [], now, 0.0
     return row
 
 
@@ -321,7 +335,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                  accumulate, config.data.tokens_per_batch,
                  accumulate * config.data.tokens_per_batch)
   step_fn = _make_step(exp, t, mesh, accumulate, placement)
-  progress = Progress(t.num_steps, start, writer, writer.last('wall_s', start))
+  progress = Progress(t.num_steps, start, writer.last('wall_s', start))
   batches, own_rows = _input_pipeline(exp, config, data_position)
   try:
     for step in range(start + 1, t.num_steps + 1):
@@ -335,12 +349,12 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
       if step % t.checkpoint_every == 0 or step == t.num_steps:
         ckpt.save(step, state, loop_state(data_position, dropout_rng))
       if step % t.eval_every == 0 or step == t.num_steps:
-        row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
-                            final=step == t.num_steps))
-        if best is not None:
-          best.save(step, state, loop_state(data_position, dropout_rng),
-                    metrics={'eval_bleu': row['eval_bleu']})
-        progress.skip_time()
+        with progress.outside_training():
+          row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
+                              final=step == t.num_steps))
+          if best is not None:
+            best.save(step, state, loop_state(data_position, dropout_rng),
+                      metrics={'eval_bleu': row['eval_bleu']})
       if row:
         writer.write(step, row)
   except KeyboardInterrupt:  # `state` and `data_position` are the last completed step's
