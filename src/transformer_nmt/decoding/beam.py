@@ -18,7 +18,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.decoding.search import LogitsFn, Search, decode_loop, padded_length
+from transformer_nmt.decoding.search import BeamCache, LogitsFn, Search, decode_loop, padded_length
 from transformer_nmt.decoding.topk import top_k
 from transformer_nmt.model.attention import NEG_INF
 
@@ -31,7 +31,7 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 def tile_beams(tree: Any, beam_size: int) -> Any:
   """Repeats every batched leaf [B, ...] -> [B*K, ...] (scalars such as cache indices stay),
   or what a cache with a `tile_beams` method (model.DecoderCache) says needs repeating."""
-  if hasattr(tree, 'tile_beams'):
+  if isinstance(tree, BeamCache):
     return tree.tile_beams(beam_size)
   return jax.tree_util.tree_map(
       lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, tree)
@@ -125,7 +125,7 @@ def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
   """gather_beams over the cache, or over the parts it says differ between beams (a cache
   with a `reorder_beams(gather)` method, such as model.DecoderCache)."""
   gather = lambda tree: gather_beams(tree, beam_idx)  # noqa: E731
-  return cache.reorder_beams(gather) if hasattr(cache, 'reorder_beams') else gather(cache)
+  return cache.reorder_beams(gather) if isinstance(cache, BeamCache) else gather(cache)
 
 
 def rows_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:

@@ -9,7 +9,7 @@ plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import flax
 import jax
@@ -18,6 +18,25 @@ import jax.numpy as jnp
 from transformer_nmt.decoding import topk
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+
+@runtime_checkable
+class GrowingCache(Protocol):
+  """A decoder cache that can change its number of positions (`decode_loop` grows it in
+  stages); model.transformer.DecoderCache is one. Other caches run at their full length."""
+
+  def resize(self, length: int) -> Any: ...
+
+
+@runtime_checkable
+class BeamCache(Protocol):
+  """A decoder cache that says which of its parts differ between the K beams of a sentence
+  (model.transformer.DecoderCache: only the self-attention keys and values). Beam search
+  tiles and reorders any other cache leaf by leaf."""
+
+  def tile_beams(self, beam_size: int) -> Any: ...
+
+  def reorder_beams(self, gather: Callable[[Any], Any]) -> Any: ...
 
 
 def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Array], state: Any,
@@ -36,7 +55,7 @@ def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Arra
   """
   chunk = max(1, min(chunk, num_steps))
   num_chunks = -(-num_steps // chunk)
-  resizable = grow_cache and hasattr(state.cache, 'resize')
+  resizable = grow_cache and isinstance(state.cache, GrowingCache)
   lengths = cache_stages(num_chunks * chunk, chunk) if resizable else [num_chunks * chunk]
   ends = [n // chunk for n in lengths]  # chunks done at the end of each stage
 
