@@ -78,8 +78,9 @@ def gather_weights(params: Any, shardings: Any, compute_dtype: Any) -> Any:
   devices. Gathering each weight explicitly keeps the batch where it is: matrices travel in
   the compute dtype (half the bytes in bfloat16; the model casts them to it anyway) and
   vectors (biases, LayerNorm) in float32. The gradient of the gather is a float32
-  reduce-scatter back to the parameter's own sharding: one cross-device reduction per
-  parameter, in float32, whatever the compute dtype.
+  reduction back to the parameter's own sharding (a reduce-scatter, or on large TPU slices an
+  all-reduce and a slice, as XLA chooses): one cross-device reduction per parameter, in
+  float32, whatever the compute dtype.
 
   Args:
     params: float32 parameter pytree, placed by `shardings` (e.g. `fsdp_shardings`).
@@ -97,7 +98,8 @@ def gather_weights(params: Any, shardings: Any, compute_dtype: Any) -> Any:
 def per_shard_tables(params: Any, mesh: Mesh) -> Any:
   """Each embedding table [V, D] as [N, V, D], one copy per batch shard of the mesh (see
   `layers.per_shard`): a shared table's gradient is then reduced across devices once, not
-  once per use. The broadcast costs nothing: each device holds its own copy anyway."""
+  once per use. The price is one more copy of the table per device among the step's
+  temporaries (transformer-base on a TPU: about 0.1 GiB, bench/RESULTS.md)."""
   n = mesh.size
 
   def expand(path: tuple, x: jax.Array) -> jax.Array:
