@@ -36,7 +36,7 @@ _DECODE = flags.DEFINE_bool('decode', False, 'Compile the encoder and one decode
                             'search instead of the train step.')
 _BEAM = flags.DEFINE_integer('beam_size', 4, 'With --decode: beams per sentence.')
 _CACHE = flags.DEFINE_integer('cache_length', 0, 'With --decode: self-attention cache '
-                              'positions; 0 = --length + eval.max_extra_len.')
+                              'positions; 0 = --length + decode.max_extra_len.')
 _BUDGET = flags.DEFINE_float('budget', 1.0, 'Fraction of the chip\'s HBM the program may use.')
 _TOP = flags.DEFINE_integer('top', 0, 'Also list the N instructions with the most estimated '
                             'cycles, with the JAX operation each came from.')

@@ -10,6 +10,7 @@ import time
 from absl import app, flags
 
 from transformer_nmt.cli import main_running, use_compile_cache
+from transformer_nmt.config import BEAM_STOPS, DECODE, DecodeConfig
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
@@ -19,27 +20,47 @@ _AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoin
 _INPUT = flags.DEFINE_string('input', '-', 'Source text, one sentence per line; - for stdin.')
 _OUTPUT = flags.DEFINE_string('output', '-', 'Where translations go; - for stdout.')
 _REFERENCE = flags.DEFINE_string('reference', None, 'Reference translations for scoring.')
-_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size (1 = greedy); paper: 4.')
-_ALPHA = flags.DEFINE_float('alpha', 0.6, 'Length penalty exponent; paper: 0.6.')
-_BEAM_STOP = flags.DEFINE_enum('beam_stop', 'bound', ['bound', 'k_finished'],  # beam_search.STOPS
+# Search settings default to the run's config (its `decode` section, see config.DecodeConfig:
+# the paper's beam 4, alpha 0.6, input length + 50), so a flag is only needed to change one.
+_RUN = " (default: the run's decode.{}, normally {})"
+_BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size (1 = greedy).' +
+                             _RUN.format('beam_size', DECODE.beam_size))
+_ALPHA = flags.DEFINE_float('alpha', None, 'Length penalty exponent.' +
+                            _RUN.format('alpha', DECODE.alpha))
+_BEAM_STOP = flags.DEFINE_enum('beam_stop', None, list(BEAM_STOPS),
                                'When a sentence\'s search ends: bound = once no live beam can '
                                'beat its best finished hypothesis (tensor2tensor, the paper); '
                                'k_finished = also once beam_size hypotheses have finished '
-                               '(OpenNMT, CTranslate2; fewer steps).')
-_COMPACT = flags.DEFINE_bool('compact', True, 'Drop finished sentences from a batch every '
+                               '(OpenNMT, CTranslate2; fewer steps).' +
+                               _RUN.format('beam_stop', DECODE.beam_stop))
+_COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a batch every '
                              '--chunk steps (faster); --nocompact runs each batch as one jitted '
-                             'loop until its last sentence ends.')
-_CHUNK = flags.DEFINE_integer('chunk', 4, 'Decoding steps between checks for finished sentences '
-                              '(and, with --compact, between compactions of the batch).')
+                             'loop until its last sentence ends.' +
+                             _RUN.format('compact', DECODE.compact))
+_CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
+                              'sentences (and, with --compact, between compactions).' +
+                              _RUN.format('chunk', DECODE.chunk))
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled programs in '
                                    'WORKDIR/compile_cache, so a later run with the same batch '
                                    'shapes skips most compilation (JAX persistent cache).')
-_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
-_MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
-_TEMPERATURE = flags.DEFINE_float('temperature', 0.0, 'Sample with this temperature instead of '
-                                   'searching (research extra; 0 = off).')
-_TOP_K = flags.DEFINE_integer('top_k', 0, 'When sampling, only from the k likeliest tokens.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch.' +
+                                     _RUN.format('tokens_per_batch', DECODE.tokens_per_batch))
+_MAX_EXTRA = flags.DEFINE_integer('max_extra_len', None, 'Output limit = input length + this.' +
+                                  _RUN.format('max_extra_len', DECODE.max_extra_len))
+_MAX_INPUT = flags.DEFINE_integer('max_input_len', None, 'Longest source in subword tokens: '
+                                  'longer lines are translated in pieces split at sentence ends '
+                                  '(a longer sentence is truncated), counted on stderr.' +
+                                  _RUN.format('max_input_len', DECODE.max_input_len))
+_TEMPERATURE = flags.DEFINE_float('temperature', None, 'Sample with this temperature instead '
+                                  'of searching (research extra; 0 = off).')
+_TOP_K = flags.DEFINE_integer('top_k', None, 'When sampling, only from the k likeliest tokens '
+                              '(0 = all).')
+_SEED = flags.DEFINE_integer('seed', None, 'Sampling seed.')
+# flag -> the decode option it overrides
+_OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'compact': _COMPACT,
+              'chunk': _CHUNK, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
+              'max_input_len': _MAX_INPUT,
+              'temperature': _TEMPERATURE, 'top_k': _TOP_K, 'seed': _SEED}
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
 _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
@@ -50,6 +71,28 @@ def _read(path: str) -> list[str]:
   if path == '-':
     return data_lib.split_lines(sys.stdin.buffer.read(), '<stdin>')
   return data_lib.read_lines(path)
+
+
+def _check_output(path: str, sources: dict[str, str]) -> None:
+  """Before any work: the output can be written, and is none of the files read."""
+  if path == '-':
+    return
+  import os
+  import pathlib
+
+  from transformer_nmt.errors import DataError
+  out = pathlib.Path(path).absolute()
+  if out.is_dir():
+    raise DataError(f'--output={path} is a directory')
+  if not out.parent.is_dir():
+    raise DataError(f'--output={path}: the directory {out.parent} does not exist')
+  if not os.access(out.parent, os.W_OK):
+    raise DataError(f'--output={path}: cannot write to {out.parent}')
+  for flag, source in sources.items():
+    if source and source != '-' and pathlib.Path(source).exists() and (
+        out.resolve() == pathlib.Path(source).resolve()
+        or out.exists() and os.path.samefile(out, source)):
+      raise DataError(f'--output={path} is also the {flag} file: it would be overwritten')
 
 
 def _write(path: str, lines: list[str]) -> None:
@@ -76,31 +119,41 @@ class _Progress:
       self.next += max(1, self.total // 10)
 
 
+def _settings(run: DecodeConfig) -> DecodeConfig:
+  """The run's decode section with the flags given on the command line."""
+  import dataclasses
+
+  from transformer_nmt.errors import ConfigError, DataError
+  given = {name: flag.value for name, flag in _OVERRIDES.items() if flag.value is not None}
+  try:
+    return dataclasses.replace(run, **given).validate()
+  except ConfigError as e:  # name the flags, not the config options
+    message = str(e)
+    for name in given:
+      message = message.replace(f'decode.{name}', f'--{_OVERRIDES[name].name}')
+    raise DataError(message) from None
+
+
 def run() -> None:
   from transformer_nmt import metrics
   from transformer_nmt.decoding.translator import Translator, load_workdir
   from transformer_nmt.errors import DataError
+  _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value})
   lines = _read(_INPUT.value)
   refs = _read(_REFERENCE.value) if _REFERENCE.value else None
   if refs is not None and len(refs) != len(lines):
     raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(lines)}')
-  if min(_BEAM.value, _BATCH_TOKENS.value, _CHUNK.value) < 1 or min(_MAX_EXTRA.value,
-                                                                    _TOP_K.value) < 0:
-    raise DataError('--beam_size, --batch_tokens and --chunk must be positive, --max_extra_len '
-                    'and --top_k non-negative')
+  _settings(DECODE)  # a bad flag fails before the model loads
   if _COMPILE_CACHE.value:  # before loading, which compiles too
     from transformer_nmt.workdir import Workdir
     use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
-  search = (f'sampling at temperature {_TEMPERATURE.value}, top-k {_TOP_K.value}'
-            if _TEMPERATURE.value > 0 else
-            f'beam {_BEAM.value}, alpha {_ALPHA.value}, stop {_BEAM_STOP.value}')
+  decode = _settings(model.decode)
+  search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
+            if decode.temperature > 0 else
+            f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
   print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
-  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value,
-                          alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA.value,
-                          tokens_per_batch=_BATCH_TOKENS.value, temperature=_TEMPERATURE.value,
-                          top_k=_TOP_K.value, seed=_SEED.value, beam_stop=_BEAM_STOP.value,
-                          compact=_COMPACT.value, chunk=_CHUNK.value)
+  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
   t0 = time.time()
   hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
   seconds = time.time() - t0

@@ -5,6 +5,7 @@ encoder-decoder attention heatmaps of its first sentences.
         --input ../shared/data/multi30k/test2016.en --sentences 3
 """
 
+import dataclasses
 import pathlib
 import sys
 
@@ -16,7 +17,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=Tr
 _OUT = flags.DEFINE_string('out_dir', None, 'Where the PNGs go (default: WORKDIR/plots).')
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences for attention heatmaps.')
 _SENTENCES = flags.DEFINE_integer('sentences', 3, 'How many sentences to plot.')
-_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the translations plotted.')
+_BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the translations plotted '
+                             "(default: the run's decode.beam_size).")
 
 
 def run() -> None:
@@ -29,13 +31,14 @@ def run() -> None:
   rows = read_metrics(Workdir(workdir).metrics)
   if not rows:
     raise DataError(f'{Workdir(workdir).metrics} is missing or empty: is {workdir} a workdir?')
-  out = pathlib.Path(_OUT.value) if _OUT.value else workdir / 'plots'
+  out = pathlib.Path(_OUT.value) if _OUT.value else Workdir(workdir).plots
   paths = [plots.plot_learning_curves(rows, out / 'curves.png', title=workdir.name)]
   if _INPUT.value:
     from transformer_nmt.decoding.translator import Translator, load_workdir
     model = load_workdir(workdir)
     lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
-    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=_BEAM.value)
+    decode = dataclasses.replace(model.decode, beam_size=_BEAM.value or model.decode.beam_size)
+    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
     hyps = translator.translate_lines(model.params, lines)
     paths += plots.plot_cross_attention(model, lines, hyps, out, _SENTENCES.value)
   for path in paths:

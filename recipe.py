@@ -11,7 +11,7 @@
    links them to --results.
 """
 
-import json
+import dataclasses
 import logging
 import os
 import pathlib
@@ -26,18 +26,14 @@ _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'C
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md', 'Markdown file to append a row to.')
 _PLOTS = flags.DEFINE_string('plots_dir', 'docs/plots', 'PNGs go to PLOTS_DIR/<workdir name>/.')
-_BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size for the alpha search and the test sets.')
+_BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the alpha search and the test '
+                             'sets (default: the config\'s decode.beam_size).')
 _ALPHAS = flags.DEFINE_list('alphas', ['0.6', '1.0'], 'Length penalties tried on validation.')
 _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
-_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
+_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
+                                     '(default: the config\'s decode.tokens_per_batch).')
 _ATTENTION = flags.DEFINE_integer('attention_sentences', 3, 'Test sentences to plot.')
 
-INTRO = """# Translation results
-
-Rows are appended by `recipe.py` (see README): each trains a config, chooses the checkpoint and
-the beam-search length penalty on the validation set only, then decodes the test sets. Scores
-are sacreBLEU (cased, detokenised, 13a tokenisation, with its signature) and chrF.
-"""
 
 
 def checked_run() -> None:
@@ -45,14 +41,17 @@ def checked_run() -> None:
     alphas = [float(a) for a in _ALPHAS.value]
   except ValueError:
     fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
-  if _BEAM.value < 1 or _BATCH_TOKENS.value < 1 or _AVERAGE.value < 0:
+  if (_BEAM.value or 1) < 1 or (_BATCH_TOKENS.value or 1) < 1 or _AVERAGE.value < 0:
     fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
   run(alphas)
 
 
 def run(alphas: list[float]) -> None:
-  from transformer_nmt import plots, recipe
+  from transformer_nmt import plots
+  from transformer_nmt import results as report
   from transformer_nmt.checkpoint import Checkpointer
+  from transformer_nmt.config import validate_config
+  from transformer_nmt.files import write_atomically
   from transformer_nmt.metrics import read_metrics
   from transformer_nmt.training import loop as trainer
   from transformer_nmt.workdir import Workdir
@@ -68,17 +67,18 @@ def run(alphas: list[float]) -> None:
   wall = max((r['wall_s'] for r in rows if 'wall_s' in r), default=None)
 
   t0 = time.time()
-  selection, translator = recipe.select(
-      workdir, *valid, beam_size=_BEAM.value, alphas=alphas, average_last=_AVERAGE.value,
-      batch_tokens=_BATCH_TOKENS.value, max_extra_len=config.eval.max_extra_len,
-      log=logging.info)
+  decode = validate_config(config).decode
+  decode = dataclasses.replace(decode, beam_size=_BEAM.value or decode.beam_size,
+                               tokens_per_batch=_BATCH_TOKENS.value or decode.tokens_per_batch)
+  selection, translator = report.select(workdir, *valid, decode=decode, alphas=alphas,
+                                        average_last=_AVERAGE.value, log=logging.info)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
-    s = recipe.score(translator, model, sources, refs)
+    s = report.score(translator, model, sources, refs)
     logging.info('%s: sacreBLEU %.2f  chrF %.2f  [%s]', name, s.bleu, s.chrf, s.signature)
-    out = workdir / 'recipe' / f'{name}.hyp'
+    out = Workdir(workdir).hypotheses(name)
     out.parent.mkdir(exist_ok=True)
-    out.write_text(''.join(h + '\n' for h in s.hypotheses), encoding='utf-8')
+    write_atomically(out, ''.join(h + '\n' for h in s.hypotheses))
     scored.append((name, s))
   logging.info('selection and decoding took %.0f s', time.time() - t0)
 
@@ -89,25 +89,20 @@ def run(alphas: list[float]) -> None:
                                         _ATTENTION.value)
   results = pathlib.Path(_RESULTS.value)
   links = [os.path.relpath(p, results.parent) for p in paths]
-  row = recipe.results_row(config=_config_arg(), direction=_direction(config.data),
+  row = report.results_row(config=_config_arg(), direction=_direction(config.data),
                            steps=config.train.num_steps, train_seconds=wall,
                            selection=selection, tests=scored, plots=links)
-  recipe.append_row(results, row, INTRO)
-  (workdir / 'recipe').mkdir(exist_ok=True)
-  (workdir / 'recipe' / 'selection.json').write_text(json.dumps(
-      {'checkpoint': selection.checkpoint, 'steps': model.steps, 'beam_size': selection.beam_size,
-       'alpha': selection.alpha, 'valid_bleu': selection.valid_bleu, 'trials': selection.table,
-       'tests': {n: {'bleu': s.bleu, 'chrf': s.chrf, 'signature': s.signature,
-                     'chrf_signature': s.chrf_signature} for n, s in scored}}, indent=2))
+  report.append_row(results, row)
+  write_atomically(Workdir(workdir).selection, report.selection_json(selection, scored))
   logging.info('appended to %s: %s', results, row.strip())
 
 
 def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
   """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
+  from transformer_nmt.config import validate_config
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.data import corpus as corpus_lib
-  from transformer_nmt.training import loop as trainer
-  trainer.validate_config(config)
+  validate_config(config)
   d = config.data
   if len(d.extra_test_src) != len(d.extra_test_tgt):
     fail('data.extra_test_src and data.extra_test_tgt must list the same number of files')

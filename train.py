@@ -1,10 +1,10 @@
 """Train a Transformer: python train.py --config configs/demo.py --workdir demo_run
 
 Any config value can be overridden, e.g. --config.model.num_layers=2. A second run on the
-same workdir resumes from its latest checkpoint.
+same workdir resumes from its latest checkpoint. SIGTERM (preemption) or Ctrl-C stops the run
+after the current step with a checkpoint of it (exit code 130); on many processes, all stop at
+the same step.
 """
-
-import signal
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -25,12 +25,7 @@ _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled program
                                    'and eval steps instead of compiling them again.')
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-  raise KeyboardInterrupt  # preemption: the trainer checkpoints the last completed step
-
-
 def run() -> None:
-  signal.signal(signal.SIGTERM, _on_sigterm)
   if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
     fail(f'--process_id={_PROCESS_ID.value} must be in [0, --num_processes={_NUM_PROCESSES.value})')
   if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:

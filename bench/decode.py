@@ -20,11 +20,15 @@ import time
 import numpy as np
 from absl import app, flags
 
+from transformer_nmt.config import DECODE
+
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
 _MAX_SENTENCES = flags.DEFINE_integer('max_sentences', 1000, 'Use the first N sentences.')
-_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', 4096, 'Padded source tokens per batch.')
-_MAX_EXTRA = flags.DEFINE_integer('max_extra_len', 50, 'Output limit = input length + this.')
+_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', DECODE.tokens_per_batch,
+                                     'Padded source tokens per batch.')
+_MAX_EXTRA = flags.DEFINE_integer('max_extra_len', DECODE.max_extra_len,
+                                  'Output limit = input length + this.')
 _BEAMS = flags.DEFINE_list('beams', ['1', '4'], 'Beam sizes to measure.')
 _VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached (stop at K finished)',
                                                 'cached bfloat16',
@@ -61,12 +65,14 @@ def measure(model, rows, beam, options):
   """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
   import dataclasses
 
+  from transformer_nmt.config import DecodeConfig
   from transformer_nmt.decoding.translator import Translator
   options = dict(options)
   cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
-  translator = Translator(cfg, model.src_tok, model.tgt_tok, beam_size=beam,
-                          max_extra_len=_MAX_EXTRA.value, tokens_per_batch=_BATCH_TOKENS.value,
-                          **options)
+  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache') if k in options}
+  decode = DecodeConfig(beam_size=beam, max_extra_len=_MAX_EXTRA.value,
+                        tokens_per_batch=_BATCH_TOKENS.value, **options)
+  translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, **runtime)
   t0 = time.perf_counter()
   translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
@@ -90,7 +96,7 @@ def measure_ctranslate2(model, rows, beam, directory, compute_type):
                                       intra_threads=os.cpu_count() or 1,
                                       compute_type=compute_type)
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
-  options = dict(beam_size=beam, length_penalty=0.6, max_batch_size=_BATCH_TOKENS.value,
+  options = dict(beam_size=beam, length_penalty=DECODE.alpha, max_batch_size=_BATCH_TOKENS.value,
                  batch_type='tokens', max_decoding_length=max(map(len, rows)) + _MAX_EXTRA.value)
   t0 = time.perf_counter()
   translator.translate_batch(pieces[:8], **options)
@@ -145,7 +151,7 @@ def main(argv):
       table.append(f'| {name} | {beam} | {len(rows) / seconds:.1f} | {tokens / seconds:,.0f} | '
                    f'{seconds:.2f} | {first:.2f} | {note} |')
       print(table[-1], flush=True)
-  from transformer_nmt.recipe import machine
+  from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
           f"{shlex.join(sys.argv[1:])}`\n\n{header}\n\n"
           '| variant | beam | sentences/s | target tokens/s | timed s | first pass s | '

@@ -156,7 +156,7 @@ def dpa() -> None:
 
 def main(argv):
   del argv
-  from transformer_nmt.recipe import machine
+  from transformer_nmt.results import machine
   for case in _CASES.value:
     globals()[case]()
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/micro.py "

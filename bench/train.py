@@ -404,7 +404,7 @@ def main(argv: list[str]) -> None:
     if r is not None:
       results[variant] = r
   command = 'python bench/train.py ' + shlex.join(sys.argv[1:])
-  from transformer_nmt.recipe import machine
+  from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}, "
           f"{next(iter(results.values()))['device'] if results else '?'}. Command: `{command}`\n\n"
           f"Model: {m['num_layers']}+{m['num_layers']} layers, d_model {m['d_model']}, d_ff "

@@ -15,7 +15,7 @@ Reverse the direction with --config.data.src_lang=de --config.data.tgt_lang=en; 
 
 import ml_collections
 
-from transformer_nmt.defaults import default_config
+from transformer_nmt.config import default_config
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -26,5 +26,5 @@ def get_config() -> ml_collections.ConfigDict:
                  global_batch_tokens=25_000, checkpoint_every=2000, keep_checkpoints=5)
   c.data.update(source='tfds', tfds_name='wmt14_translate/de-en', src_lang='en', tgt_lang='de',
                 vocab_size=37000, tokens_per_batch=4096)
-  c.eval.update(max_extra_len=50)
+  c.decode.update(max_extra_len=50)  # §6.1
   return c

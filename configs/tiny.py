@@ -13,5 +13,6 @@ def get_config() -> ml_collections.ConfigDict:
                 bucket_boundaries=(24, 48))
   c.train.update(num_steps=20, warmup_steps=5, global_batch_tokens=0, log_every=5,
                  eval_every=10, checkpoint_every=10, keep_checkpoints=2)
-  c.eval.update(bleu_sentences=10, max_extra_len=10, tokens_per_batch=512)
+  c.eval.update(bleu_sentences=10)
+  c.decode.update(max_extra_len=10, tokens_per_batch=512)
   return c

@@ -126,7 +126,7 @@ def test_aot_compile_decode_reports_encoder_and_decoder_step():
   assert result.returncode == 0, result.stderr[-3000:]
   encoder, step = json.loads(result.stdout)
   assert encoder['program'] == 'encoder' and step['program'] == 'decoder step'
-  assert 'beam 4, cache of 26 positions' in step['shape']  # 16 + eval.max_extra_len 10
+  assert 'beam 4, cache of 26 positions' in step['shape']  # 16 + decode.max_extra_len 10
   assert step['flops'] > 0 and step['memory']['argument'] > 0
 
 

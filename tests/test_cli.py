@@ -17,6 +17,11 @@ def run_train(workdir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess
   return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def run_decode(workdir: pathlib.Path, *flags: str, stdin: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'decode.py', '--workdir', str(workdir), *flags],
+                        cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=300)
+
+
 def metrics(workdir: pathlib.Path) -> list[dict]:
   return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
 
@@ -152,10 +157,35 @@ def test_workdir_refusals_and_corrupt_checkpoint_fallback(tmp_path):
   for blob in (workdir / 'checkpoints' / '20').rglob('*'):
     if blob.is_file() and blob.parent.name == 'd':
       blob.write_bytes(b'damaged')  # what a disk fault or a bad copy leaves
-  again = run_train(workdir, '--config.train.num_steps=25')
+  # decode.py reads the newest checkpoint that reads back, and names a damaged one it is given
+  fallback = run_decode(workdir, stdin='a small house\n')
+  assert fallback.returncode == 0 and fallback.stdout.strip(), fallback.stderr[-3000:]
+  assert 'is unreadable' in fallback.stderr and 'checkpoint step(s) [10]' in fallback.stderr
+  _assert_clean_failure(run_decode(workdir, '--checkpoint', '20', stdin='x\n'),
+                        'checkpoints/20 is unreadable')
+  # train.py moves the damaged one aside and writes step 20 again ...
+  again = run_train(workdir)
   assert again.returncode == 0, again.stderr[-3000:]
   assert 'Checkpoint at step 20 is unreadable' in again.stderr
   assert 'Resumed from checkpoint at step 10' in again.stderr
+  assert 'Moved the unreadable checkpoint of step 20' in again.stderr
+  assert (workdir / 'checkpoints' / 'quarantine' / '20').is_dir()
+  # ... so that the next run and decode.py find a readable step 20
+  third = run_train(workdir)
+  assert 'Resumed from checkpoint at step 20' in third.stderr, third.stderr[-3000:]
+  decoded = run_decode(workdir, stdin='a small house\n')
+  assert decoded.returncode == 0 and 'checkpoint step(s) [20]' in decoded.stderr
+  assert 'unreadable' not in decoded.stderr
+
+
+def test_a_lone_unreadable_checkpoint_is_not_moved(tmp_path):
+  workdir = tmp_path / 'run'
+  assert run_train(workdir, '--config.train.num_steps=10').returncode == 0
+  for blob in (workdir / 'checkpoints' / '10').rglob('*'):
+    if blob.is_file() and blob.parent.name == 'd':
+      blob.write_bytes(b'damaged')
+  _assert_clean_failure(run_train(workdir), 'no checkpoint in')
+  assert (workdir / 'checkpoints' / '10').is_dir()  # perhaps the setup is wrong, not the files
 
 
 def test_bad_process_flags_fail_cleanly(tmp_path):
@@ -163,3 +193,88 @@ def test_bad_process_flags_fail_cleanly(tmp_path):
                         '--process_id=2 must be in [0, --num_processes=2)')
   _assert_clean_failure(run_train(tmp_path / 'run', '--num_processes=2', '--process_id=1'),
                         'needs --coordinator_address')
+
+
+def test_a_changed_or_missing_tokenizer_is_refused(tmp_path):
+  from transformer_nmt.data.tokenizer import train_tokenizer
+  workdir = tmp_path / 'run'
+  assert run_train(workdir, '--config.train.num_steps=5', '--config.train.eval_every=5',
+                   '--config.train.checkpoint_every=5').returncode == 0
+  spm_model = workdir / 'spm.model'
+  original = spm_model.read_bytes()
+  spm_model.unlink()  # with other training data, a retrained model would mean other pieces
+  _assert_clean_failure(run_train(workdir, '--config.train.num_steps=6'),
+                        'trained with a SentencePiece model that is gone')
+  assert not spm_model.exists()  # nothing was retrained in its place
+  train_tokenizer(['ein ganz anderer Text', 'another text entirely'] * 50, spm_model,
+                  vocab_size=40)
+  _assert_clean_failure(run_train(workdir, '--config.train.num_steps=6'),
+                        'is not the one its checkpoints were trained with')
+  _assert_clean_failure(run_decode(workdir, stdin='a house\n'),
+                        'is not the one its checkpoints were trained with')
+  spm_model.write_bytes(original)
+  assert run_train(workdir, '--config.train.num_steps=6').returncode == 0
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
+  workdir = tmp_path / 'run'
+  cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         '--config.train.num_steps=40', '--config.train.log_every=1']
+  first = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  for line in first.stderr:  # the first run holds the workdir
+    if 'step 2/' in line:
+      break
+  second = run_train(workdir, '--config.train.num_steps=40')
+  _assert_clean_failure(second, f'is in use by another training run (PID {first.pid})')
+  rest = first.communicate(timeout=300)[1]
+  assert first.returncode == 0, rest[-2000:]
+  steps = [r['step'] for r in metrics(workdir) if 'train_loss' in r]
+  assert steps == list(range(1, 41))  # only the first run's rows
+  assert run_train(workdir, '--config.train.num_steps=40').returncode == 0  # free again
+
+
+def test_unusable_workdirs_and_config_files_fail_in_one_line(tmp_path):
+  a_file = tmp_path / 'file'
+  a_file.write_text('not a directory')
+  _assert_clean_failure(run_train(a_file), 'file')
+  assert a_file.read_text() == 'not a directory'
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config():\n  raise RuntimeError("no such corpus")\n')
+  result = subprocess.run([sys.executable, 'train.py', '--config', str(broken), '--workdir',
+                           str(tmp_path / 'run')], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  _assert_clean_failure(result, 'no such corpus')
+
+
+def test_a_corpus_of_empty_lines_fails_in_one_line(tmp_path):
+  for name in ('e.en', 'e.de'):
+    (tmp_path / name).write_text('\n\n \n')
+  files = [f'--config.data.{split}_{side}={tmp_path}/e.{lang}' for split in ('train', 'valid')
+           for side, lang in (('src', 'en'), ('tgt', 'de'))]
+  result = run_train(tmp_path / 'run', '--config.data.source=text', *files)
+  _assert_clean_failure(result, 'empty')
+
+
+def _mount_tmpfs(path: pathlib.Path, size: str) -> None:
+  import os
+  if os.geteuid() != 0:
+    pytest.skip('mounting a small tmpfs needs root')
+  path.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+                    capture_output=True).returncode:
+    pytest.skip('mount -t tmpfs is not allowed here')
+
+
+@pytest.mark.slow
+def test_a_full_disk_or_a_read_only_one_fails_in_one_line(tmp_path):
+  disk = tmp_path / 'disk'
+  _mount_tmpfs(disk, '3M')  # room for the corpus and tokenizer, not for the checkpoints
+  try:
+    full = run_train(disk / 'run')
+    _assert_clean_failure(full, 'no space left on the disk')
+    assert 'not keeping compiled programs there' in full.stderr  # the cache went first
+    subprocess.run(['mount', '-o', 'remount,ro', str(disk)], check=True)
+    _assert_clean_failure(run_train(disk / 'other'), 'Read-only file system')
+  finally:
+    subprocess.run(['umount', str(disk)])

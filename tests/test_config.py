@@ -1,10 +1,18 @@
+import dataclasses
 import importlib
 
 import pytest
 
-from transformer_nmt.config import model_config_from_dict
+from transformer_nmt.config import (
+  DECODE,
+  DecodeConfig,
+  ModelConfig,
+  default_config,
+  migrate,
+  model_config_from_dict,
+  validate_config,
+)
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.training.loop import validate_config
 
 CONFIGS = ['base', 'big', 'small', 'demo', 'tiny']
 
@@ -39,6 +47,13 @@ def _base():
     (lambda c: c.data.update(tokens_per_batch=-5), 'data.tokens_per_batch=-5'),
     (lambda c: c.train.update(typo_key=1), 'unknown option train.typo_key'),
     (lambda c: c.update(extra={'a': 1}), "unknown config section 'extra'"),
+    (lambda c: c.decode.update(beam_size=0), 'decode.beam_size=0 must be positive'),
+    (lambda c: c.decode.update(beam_stop='never'), "decode.beam_stop='never' must be one of"),
+    (lambda c: c.decode.update(max_extra_len=-1), 'decode.max_extra_len'),
+    (lambda c: c.eval.update(max_extra_len=50), 'eval.max_extra_len is now decode.max_extra_len'),
+    (lambda c: c.data.update(source='csv'), "data.source='csv' must be"),
+    (lambda c: c.data.update(pack_length=8, max_len=16), 'data.pack_length=8 must be 0'),
+    (lambda c: c.data.update(joint_vocab=False), 'needs model.share_embeddings=False'),
 ])
 def test_bad_values_name_the_option(mutate, message):
   c = _base()
@@ -59,3 +74,33 @@ def test_wrong_types_name_the_option():
 def test_model_config_rejects_unknown_keys():
   with pytest.raises(ConfigError, match='unknown model option'):
     model_config_from_dict({'d_modle': 512})
+
+
+def test_defaults_come_from_the_typed_sections():
+  c = default_config()
+  model_defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  assert all(model_defaults[k] == v for k, v in c.model.items())
+  assert 'vocab_size' not in c.model  # the tokenizer decides it
+  typed = validate_config(c)
+  assert typed.decode == DECODE == DecodeConfig()
+  assert (DECODE.beam_size, DECODE.alpha, DECODE.max_extra_len) == (4, 0.6, 50)  # paper §6.1
+  assert typed.data.tfds_splits == ('train', 'validation', 'test')
+
+
+def test_typed_sections_carry_overrides():
+  c = _base()
+  c.decode.update(beam_size=8, chunk=2)
+  c.data.update(bucket_boundaries=[8, 16])
+  typed = validate_config(c)
+  assert (typed.decode.beam_size, typed.decode.chunk) == (8, 2)
+  assert typed.data.bucket_boundaries == (8, 16) and typed.train.num_steps == 100_000
+
+
+def test_stored_configs_of_older_runs_are_migrated():
+  old = {'eval': {'bleu_sentences': 10, 'max_extra_len': 7, 'tokens_per_batch': 256},
+         'train': {'num_steps': 5}}
+  new = migrate(old)
+  assert new['eval'] == {'bleu_sentences': 10}
+  assert new['decode'] == {'max_extra_len': 7, 'tokens_per_batch': 256}
+  assert old['eval']['max_extra_len'] == 7  # the input is left alone
+  assert validate_config(new).decode.max_extra_len == 7

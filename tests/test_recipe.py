@@ -13,7 +13,8 @@ from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.decoding.translator import load_workdir
 from transformer_nmt.metrics import read_metrics
 from transformer_nmt.plots import plot_learning_curves, series
-from transformer_nmt.recipe import RESULTS_HEADER, append_row
+from transformer_nmt.results import RESULTS_HEADER, append_row
+from transformer_nmt.workdir import Workdir
 
 
 def test_best_checkpoint_is_the_highest_validation_bleu(tiny_workdir):
@@ -81,7 +82,7 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
                      '--average_last', '2', '--attention_sentences', '2')
   assert first.returncode == 0, first.stderr[-3000:]
   assert 'has reached step 20: not training' in first.stderr
-  selection = json.loads((workdir / 'recipe' / 'selection.json').read_text())
+  selection = json.loads(Workdir(workdir).selection.read_text())
   labels = [(c, s) for c, s, _ in selection['trials']]
   assert labels[:3] == [('latest', 'greedy'), ('average of last 2', 'greedy'),
                         ('best', 'greedy')]
@@ -90,7 +91,7 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   chosen = [b for c, _, b in selection['trials'] if c == selection['checkpoint']]
   assert selection['valid_bleu'] == max(chosen)
   assert set(selection['tests']) == {'test'}
-  assert len((workdir / 'recipe' / 'test.hyp').read_text().splitlines()) == 20
+  assert len(Workdir(workdir).hypotheses('test').read_text().splitlines()) == 20
   plots = tmp_path / 'docs' / 'plots' / 'run'
   assert sorted(p.name for p in plots.iterdir()) == ['attention_1.png', 'attention_2.png',
                                                      'curves.png']

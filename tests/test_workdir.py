@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from transformer_nmt.config import DecodeConfig, ModelConfig
 from transformer_nmt.files import atomic_output, write_atomically
 from transformer_nmt.workdir import Workdir
 
@@ -23,9 +24,22 @@ def test_workdir_names_every_file(tmp_path):
   assert wd.existing_tokenizer_paths() == separate
   joint[0].write_bytes(b'x')
   assert wd.existing_tokenizer_paths() == joint  # a joint model wins
-  wd.write_config({'model': {'d_model': 8}, 'data': {'extra_test_src': ('a', 'b')}})
-  assert wd.read_config() == {'model': {'d_model': 8}, 'data': {'extra_test_src': ['a', 'b']}}
-  assert json.loads(wd.config.read_text())['model']['d_model'] == 8
+  model = ModelConfig(vocab_size=100, d_model=8, num_heads=2)
+  wd.write_config({'model': {'d_model': 8}, 'data': {'extra_test_src': ('a', 'b')}}, model,
+                  {'src': 'sha256:0 pieces:100', 'tgt': 'sha256:0 pieces:100'})
+  stored = wd.read_config()
+  assert stored['model'] == {'d_model': 8} and stored['data'] == {'extra_test_src': ['a', 'b']}
+  assert json.loads(wd.config.read_text())['resolved_model']['vocab_size'] == 100
+  assert wd.read_model_config() == model
+  typed = wd.read_sections()  # typed, with every option the stored config leaves out
+  assert typed.data.extra_test_src == ('a', 'b') and typed.decode == DecodeConfig()
+  assert typed.model == {'d_model': 8}
+
+
+def test_config_of_an_older_run_reads_with_moved_options(tmp_path):
+  wd = Workdir(tmp_path)
+  wd.config.write_text(json.dumps({'eval': {'max_extra_len': 9}, 'resolved_model': {}}))
+  assert wd.read_sections().decode.max_extra_len == 9
 
 
 def test_atomic_output_replaces_only_on_success(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
+import shutil
 from typing import Any, Optional
 
 import jax
@@ -11,6 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_nmt.errors import DataError
+
+QUARANTINE = 'quarantine'  # where unreadable checkpoints go, inside the checkpoint directory
 
 
 class Checkpointer:
@@ -32,7 +36,8 @@ class Checkpointer:
                 keep_checkpoints_without_metrics=False) if best_metric else {}
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                            read_only=read_only, **best)
-    self._manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
+    self.directory = pathlib.Path(os.path.abspath(directory))
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=ocp.StandardCheckpointHandler())
 
   def latest_step(self) -> Optional[int]:
@@ -54,23 +59,51 @@ class Checkpointer:
     """The metrics saved with checkpoint `step` (None if it was saved without)."""
     return self._manager.metrics(step)
 
-  def restore_latest_readable(self, state: Any) -> Optional[tuple[Any, dict]]:
-    """(state, loop) of the newest checkpoint that reads back, saying which ones it had to
-    skip.
+  def restore_latest_readable(self, state: Any, quarantine: bool = True
+                              ) -> Optional[tuple[Any, dict]]:
+    """(state, loop) of the newest checkpoint that reads back; None when there is none.
 
-    A checkpoint damaged after it was written (truncated or missing files) is skipped with a
-    warning in favour of the one before it; None when there is no checkpoint at all.
+    A checkpoint damaged after it was written (truncated, missing or corrupted files) is
+    skipped for the one before it; once an older one reads back, the damaged ones are moved
+    aside to `<directory>/quarantine/<step>` (with `quarantine`; said in the log), so that
+    training writes those steps again. When none reads back, the cause is more likely the
+    setup than the files: nothing is moved and the first error is raised as a DataError.
     """
+    damaged: list[tuple[int, str]] = []
     for step in reversed(self.all_steps()):
       try:
-        return self.restore(state, step)
-      except Exception as e:  # Orbax and TensorStore raise many kinds for damaged files
-        logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying the previous one',
-                        step, type(e).__name__, str(e).splitlines()[0][:200])
-    if self.all_steps():
-      raise DataError(f'no readable checkpoint among steps {self.all_steps()}; move the '
-                      'checkpoints away to start afresh')
+        restored = self.restore(state, step)
+      except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+        damaged.append((step, describe(e)))
+        logging.warning('Checkpoint at step %d is unreadable (%s); trying the one before',
+                        step, damaged[-1][1])
+        continue
+      for bad, _ in damaged if quarantine else ():
+        logging.warning('Moved the unreadable checkpoint of step %d to %s', bad,
+                        self.quarantine(bad))
+      return restored
+    if damaged:
+      step, error = damaged[0]
+      raise DataError(f'no checkpoint in {self.directory} reads back (step {step}: {error}); '
+                      f'if the files are damaged, move them to {self.directory / QUARANTINE} '
+                      'to start afresh')
     return None
+
+  def quarantine(self, step: int) -> Optional[pathlib.Path]:
+    """Moves checkpoint `step` to `<directory>/quarantine/<step>` (process 0 only; the others
+    wait for it) and returns where it went."""
+    source = self.directory / str(step)
+    target = self.directory / QUARANTINE / str(step)
+    if jax.process_index() == 0 and source.exists():
+      target.parent.mkdir(exist_ok=True)
+      if target.exists():  # quarantined before: keep the newest damage only
+        shutil.rmtree(target)
+      os.replace(source, target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f'quarantine {step}')
+    self._manager.reload()
+    return target
 
   def restore(self, state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
     """(state, loop) restored into the structure (and shardings) of `state`; latest step by
@@ -99,6 +132,12 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def describe(error: Exception) -> str:
+  """The first line of a restore error, short: Orbax and TensorStore errors run to pages."""
+  first = str(error).strip().splitlines()[0] if str(error).strip() else ''
+  return f'{type(error).__name__}: {first[:200]}'
 
 
 def loop_state(data_position: int, dropout_key: jax.Array) -> dict[str, np.ndarray]:

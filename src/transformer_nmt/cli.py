@@ -1,8 +1,11 @@
 """What the command-line programs share: quiet library logging and one-line errors."""
 
+import errno
 import logging
+import pathlib
+import shutil
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Optional
 
 
 def quiet_logging() -> None:
@@ -23,11 +26,23 @@ def _drop_read_only_notices(record: logging.LogRecord) -> bool:
               or message.startswith('Given directory is read only'))
 
 
-def use_compile_cache(directory: str) -> None:
+def use_compile_cache(directory: str, min_free_bytes: int = 2 ** 30) -> None:
   """Keeps compiled XLA programs in `directory` (JAX's persistent compilation cache), so a
   rerun that meets the same shapes loads them instead of compiling again: decoding compiles
-  one search step per batch size and cache length it meets, tens of seconds per file."""
+  one search step per batch size and cache length it meets, tens of seconds per file.
+
+  The cache is the first thing to go when the disk is short: with less than `min_free_bytes`
+  free where it would live, it is not used (with a warning), so that checkpoints fit.
+  """
   import jax
+  existing = pathlib.Path(directory).absolute()
+  while not existing.exists() and existing != existing.parent:
+    existing = existing.parent
+  free = shutil.disk_usage(existing).free
+  if free < min_free_bytes:
+    logging.warning('Only %.2f GiB free on the disk of %s: not keeping compiled programs there '
+                    '(their cache can take gigabytes)', free / 2 ** 30, directory)
+    return
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # default 1 s skips many
 
@@ -53,10 +68,25 @@ def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
     except flags.Error as e:  # a config file's own error comes with a traceback: keep its end
       lines = str(e).strip().splitlines()
       fail(lines[0].split(' Error whilst')[0] + ' ' + lines[-1] if len(lines) > 1 else str(e))
-    except (AttributeError, KeyError, TypeError, ValueError, SyntaxError, OSError) as e:
-      # config_flags raises these for unknown keys, bad override values and broken files
-      fail('bad --config or --config.* flag: ' + ' '.join(str(e).replace('"', '').split()))
+    except Exception as e:  # noqa: BLE001 -- config files are Python: they may raise anything
+      key = _missing_key(e)
+      if key is None:  # bad override values, broken files, a get_config() that raises
+        fail('bad --config or --config.* flag: ' + ' '.join(
+            f'{type(e).__name__}: {e}'.replace('"', '').split()))
+      given = [a.split('=')[0] for a in argv if a.startswith('--config.') and key in a]
+      fail(f'{given[0] if given else key}: no such config option (every option and its '
+           'default: src/transformer_nmt/config.py)')
   return parse
+
+
+def _missing_key(error: Exception) -> Optional[str]:
+  """The option an override names that the config lacks (config_flags raises a KeyError, or
+  an AttributeError wrapping one), else None."""
+  if isinstance(error, AttributeError) and error.args and isinstance(error.args[0], KeyError):
+    error = error.args[0]
+  if isinstance(error, KeyError) and error.args:
+    return str(error.args[0]).strip('\'"')
+  return None
 
 
 def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
@@ -76,4 +106,31 @@ def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
       fail(str(e))
     except KeyboardInterrupt:
       raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 -- the file system's refusals are the user's to fix
+      message = file_system_error(e)
+      if message is None:
+        raise
+      fail(message)
   return main
+
+
+def file_system_error(error: BaseException) -> Optional[str]:
+  """One line for an error the file system raised (a full disk, a read-only or missing
+  directory, a path that is a file), wherever it surfaced (Orbax and TensorStore wrap them in
+  their own exceptions); None for anything else."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    text = str(error)
+    if getattr(error, 'errno', None) == errno.ENOSPC or 'No space left on device' in text:
+      where = getattr(error, 'filename', None)
+      return (f'no space left on the disk{f" writing {where}" if where else ""}; free some '
+              '(a workdir\'s compile_cache/ can always be deleted) and run again to resume')
+    if isinstance(error, OSError) and error.errno in _FILE_SYSTEM_ERRNOS:
+      return f'{error.filename or "a file"}: {error.strerror}'
+    error = error.__cause__ or error.__context__
+  return None
+
+
+_FILE_SYSTEM_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                       errno.EEXIST, errno.ENOENT, errno.EDQUOT}

@@ -1,13 +1,19 @@
-"""Model hyperparameters as one frozen (hashable) dataclass, and config validation.
+"""The one source of the configuration: every section's options, defaults, types and checks.
 
-Experiment knobs live in `configs/*.py` as ConfigDicts; at the boundary the `model`
-section becomes a `ModelConfig`, which can be a static jit argument.
+An experiment config (`configs/*.py`, an ml_collections ConfigDict so that command lines can
+override it) starts from `default_config()`, which is built from the frozen dataclasses below:
+`model` (ModelConfig, a static jit argument once the tokenizer fixes the vocabulary), `data`,
+`train`, `eval` and `decode` (the defaults of decode.py, recipe.py and the library's
+translators). `validate_config` checks a whole config; `sections(config)` gives the typed
+sections.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
+
+import ml_collections
 
 from transformer_nmt.errors import ConfigError
 
@@ -74,6 +80,222 @@ def _check(ok: bool, message: str) -> None:
     raise ConfigError(message)
 
 
+def _positive(section: str, obj: Any, *names: str) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    _check(value > 0, f'{section}.{name}={value} must be positive')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where the parallel text comes from, its subword vocabulary and its batches."""
+
+  source: str = 'text'  # 'text': the files below; 'tfds': tensorflow-datasets; 'demo': built-in
+  train_src: str = ''
+  train_tgt: str = ''
+  valid_src: str = ''
+  valid_tgt: str = ''
+  test_src: str = ''
+  test_tgt: str = ''
+  extra_test_src: tuple = ()  # more test sets for recipe.py (parallel lists)
+  extra_test_tgt: tuple = ()
+  demo_sizes: tuple = (40000, 500, 500)  # train/valid/test pairs for source='demo'
+  # source='tfds': the builder, languages (direction) and train/valid/test splits. For
+  # wmt14_translate/de-en the splits are train, validation = newstest2013 and
+  # test = newstest2014 (the paper's); '' as test split = none.
+  tfds_name: str = 'wmt14_translate/de-en'
+  src_lang: str = 'en'
+  tgt_lang: str = 'de'
+  tfds_splits: tuple = ('train', 'validation', 'test')
+  tfds_data_dir: str = ''
+  max_train_examples: int = 0  # > 0: only the first N training pairs (tfds; quick runs)
+  spm_model: str = ''  # existing SentencePiece model; '' trains one into the workdir
+  joint_vocab: bool = True  # one SentencePiece model on source+target text
+  vocab_size: int = 37000  # paper: ~37000 shared BPE tokens for en-de
+  spm_model_type: str = 'bpe'  # 'bpe' (paper) or 'unigram'
+  spm_max_sentences: int = 1_000_000  # sample size for training SentencePiece
+  max_len: int = 256  # longest pair kept, in subword tokens incl. EOS (longer ones are counted)
+  tokens_per_batch: int = 4096  # padded tokens per side per batch (paper: ~25k per update)
+  bucket_boundaries: tuple = ()  # () = geometric buckets up to max_len
+  pack_length: int = 0  # > 0: pack pairs into rows of this many tokens per side, not buckets
+
+  def validate(self) -> DataConfig:
+    _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
+    _check(self.source in ('text', 'tfds', 'demo'),
+           f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
+    _check(not self.pack_length or self.pack_length >= self.max_len,
+           f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
+           f'data.max_len={self.max_len}, so that every pair fits in a row')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The optimisation (paper §5.3, §5.4) and the loop's rhythm."""
+
+  num_steps: int = 100_000  # paper base: 100k steps
+  warmup_steps: int = 4000  # eq. 3
+  learning_rate_multiplier: float = 1.0  # scales eq. 3 (tensor2tensor's learning_rate)
+  adam_b1: float = 0.9  # §5.3
+  adam_b2: float = 0.98
+  adam_eps: float = 1e-9
+  clip_grad_norm: float = 0.0  # 0 = off (paper)
+  label_smoothing: float = 0.1  # eps_ls (§5.4)
+  # Tokens per side per update, reached by accumulating gradients over
+  # round(global_batch_tokens / data.tokens_per_batch) batches; 0 = one batch per update.
+  # The paper's ~25k per side is e.g. 8 GPUs x 3125, or 1 device x 4096 x 6.
+  global_batch_tokens: int = 0
+  shard_params: bool = False  # True: split params and Adam state over the devices (FSDP)
+  fsdp_devices: int = 0  # with shard_params: devices on the mesh's fsdp axis (0 = all)
+  seed: int = 0
+  log_every: int = 100
+  eval_every: int = 1000
+  checkpoint_every: int = 1000
+  keep_checkpoints: int = 5  # the latest K checkpoints (workdir checkpoints/)
+  keep_best: bool = True  # also keep the one with the best eval_bleu (workdir best/)
+
+  def validate(self) -> TrainConfig:
+    _positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',
+              'checkpoint_every', 'keep_checkpoints', 'adam_eps', 'learning_rate_multiplier')
+    for name in ('label_smoothing', 'adam_b1', 'adam_b2'):
+      value = getattr(self, name)
+      _check(0.0 <= value < 1.0, f'train.{name}={value} must be in [0, 1)')
+    _check(self.clip_grad_norm >= 0, f'train.clip_grad_norm={self.clip_grad_norm} must be 0 '
+           '(off) or positive')
+    _check(self.global_batch_tokens >= 0, f'train.global_batch_tokens={self.global_batch_tokens}'
+           ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
+    _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
+           'devices) or positive')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Validation during training: loss on the whole set, greedy BLEU on a sample (decoded with
+  the `decode` section's length limit and batch size)."""
+
+  bleu_sentences: int = 500  # validation sentences decoded for BLEU at each eval (0 = all)
+
+  def validate(self) -> EvalConfig:
+    _check(self.bleu_sentences >= 0, f'eval.bleu_sentences={self.bleu_sentences} must be 0 '
+           '(all) or positive')
+    return self
+
+
+BEAM_STOPS = ('bound', 'k_finished')
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Translating (paper §6.1: beam 4, length penalty alpha 0.6, outputs up to input + 50)."""
+
+  beam_size: int = 4  # 1 = greedy
+  alpha: float = 0.6  # length penalty exponent
+  max_extra_len: int = 50  # output limit = input length + this
+  tokens_per_batch: int = 4096  # padded source tokens per batch
+  # Longest source in subword tokens (EOS included), 4x the default data.max_len: longer lines
+  # are translated in pieces split at sentence ends, a longer sentence is truncated (both
+  # counted on stderr); keeps memory bounded whatever the input.
+  max_input_len: int = 1024
+  # Steps between checks for finished sentences (and, with `compact`, between compactions):
+  # 4 rather than 8 was 0.95-1.3x as fast on test2016 (bench/RESULTS.md), at more compiles.
+  chunk: int = 4
+  compact: bool = True  # drop finished sentences from a batch every `chunk` steps
+  # 'bound': a sentence ends once no live beam can beat its best finished hypothesis
+  # (tensor2tensor, the paper); 'k_finished': also once beam_size hypotheses have finished
+  # (OpenNMT, CTranslate2; fewer steps).
+  beam_stop: str = 'bound'
+  temperature: float = 0.0  # > 0: sample instead of searching (research extra)
+  top_k: int = 0  # when sampling, only from the k likeliest tokens (0 = all)
+  seed: int = 0  # sampling seed
+
+  def validate(self) -> DecodeConfig:
+    _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
+    _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
+           'least 2 (a token and EOS)')
+    _check(self.max_extra_len >= 0 and self.top_k >= 0 and self.temperature >= 0,
+           'decode.max_extra_len, decode.top_k and decode.temperature must not be negative')
+    _check(self.beam_stop in BEAM_STOPS,
+           f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
+    return self
+
+
+DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
+
+_PROGRAM_SET = ('vocab_size', 'src_vocab_size')  # model options the tokenizer decides
+_SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'eval': EvalConfig, 'decode': DecodeConfig}
+# Options that moved, so that an old config gets told where to.
+_MOVED = {'eval.max_extra_len': 'decode.max_extra_len',
+          'eval.tokens_per_batch': 'decode.tokens_per_batch'}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The full experiment config with every option at its default: transformer-base (paper
+  Table 3) on text files. configs/*.py start here."""
+  model = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+           if f.name not in _PROGRAM_SET}
+  sections = {name: dataclasses.asdict(cls()) for name, cls in _SECTIONS.items()}
+  return ml_collections.ConfigDict({'model': model, **sections})
+
+
+@dataclasses.dataclass(frozen=True)
+class Sections:
+  """The typed sections of an experiment config (the model's stays a mapping until the
+  tokenizer fixes the vocabulary: `model_config_from_dict`)."""
+
+  model: Mapping[str, Any]
+  data: DataConfig
+  train: TrainConfig
+  eval: EvalConfig
+  decode: DecodeConfig
+
+
+def sections(config: Mapping[str, Any]) -> Sections:
+  """Typed, validated sections of a config (ConfigDict or dict; missing sections and options
+  take their defaults). Raises ConfigError naming an unknown or bad option."""
+  config = _to_dict(config)
+  check_sections(config, default_config().to_dict())
+  typed = {}
+  for name, cls in _SECTIONS.items():
+    values = {k: tuple(v) if isinstance(v, list) else v
+              for k, v in config.get(name, {}).items()}
+    typed[name] = cls(**values).validate()
+  model = dict(config.get('model', {}))
+  model_config_from_dict(model, vocab_size=1, src_vocab_size=1)  # checks the values
+  return Sections(model=model, **typed)
+
+
+def validate_config(config: Mapping[str, Any]) -> Sections:
+  """Rejects unknown keys, wrong types, out-of-range values and options that do not go
+  together, before anything is written; returns the typed sections."""
+  s = sections(config)
+  rows = max(s.data.max_len, s.data.pack_length)
+  if s.data.tokens_per_batch < rows:
+    raise ConfigError(f'data.tokens_per_batch={s.data.tokens_per_batch} is less than one row of '
+                      f'{rows} tokens (data.max_len or data.pack_length): no batch could hold '
+                      'the longest pairs')
+  if not s.data.joint_vocab and s.model.get('share_embeddings', True):
+    raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
+                      'it needs model.share_embeddings=False')
+  return s
+
+
+def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
+  """A stored config (an older workdir's config.json) with moved options under their new
+  names, so that it reads as a current one."""
+  config = {name: dict(values) if isinstance(values, Mapping) else values
+            for name, values in _to_dict(config).items()}
+  for old, new in _MOVED.items():
+    (old_section, old_key), (new_section, new_key) = old.split('.'), new.split('.')
+    if old_key in config.get(old_section, {}):
+      config.setdefault(new_section, {})[new_key] = config[old_section].pop(old_key)
+  return config
+
+
+def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+  return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+
+
 def model_config_from_dict(section: Mapping[str, Any], **overrides: Any) -> ModelConfig:
   """Builds a validated ModelConfig from a config's `model` section.
 
@@ -99,6 +321,8 @@ def check_sections(config: Mapping[str, Any], schema: Mapping[str, Mapping[str, 
   for section, values in config.items():
     _check(section in schema, f'unknown config section {section!r}; valid: {sorted(schema)}')
     for key, value in dict(values).items():
+      moved = _MOVED.get(f'{section}.{key}')
+      _check(not moved, f'{section}.{key} is now {moved}')
       _check(key in schema[section],
              f'unknown option {section}.{key}; valid: {sorted(schema[section])}')
       default = schema[section][key]

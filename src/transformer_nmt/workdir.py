@@ -1,6 +1,7 @@
 """The on-disk layout of a run: the one place that names the files of a workdir.
 
   WORKDIR/config.json        the resolved config, with the model config as trained
+  WORKDIR/lock               held by the train.py that runs on the workdir (an OS file lock)
   WORKDIR/spm.model          the joint SentencePiece model (spm.src.model and spm.tgt.model
                              when data.joint_vocab=False)
   WORKDIR/checkpoints/<step> Orbax checkpoints, the last train.keep_checkpoints kept
@@ -8,16 +9,28 @@
   WORKDIR/metrics.jsonl      one JSON object per logged step
   WORKDIR/tensorboard/       TensorBoard event files
   WORKDIR/compile_cache/     JAX's persistent compilation cache
+  WORKDIR/demo_data/         the generated demo corpus (data.source='demo')
+  WORKDIR/recipe/            recipe.py's test-set translations (<test set>.hyp) and its
+                             choice on validation (selection.json)
+  WORKDIR/plots/             plot.py's PNGs (unless told otherwise)
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import json
 import os
 import pathlib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+from transformer_nmt.config import ModelConfig, Sections, migrate, sections
+from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
+
+RESOLVED_MODEL = 'resolved_model'  # config.json's entry for the ModelConfig as trained
+TOKENIZERS = 'tokenizers'  # ... and for the fingerprints of the tokenizers it was trained with
 
 
 class Workdir:
@@ -53,6 +66,54 @@ class Workdir:
   def compile_cache(self) -> pathlib.Path:
     return self.root / 'compile_cache'
 
+  @property
+  def demo_data(self) -> pathlib.Path:
+    return self.root / 'demo_data'
+
+  @property
+  def recipe(self) -> pathlib.Path:
+    return self.root / 'recipe'
+
+  def hypotheses(self, test_set: str) -> pathlib.Path:
+    """recipe.py's translation of a test set."""
+    return self.recipe / f'{test_set}.hyp'
+
+  @property
+  def selection(self) -> pathlib.Path:
+    return self.recipe / 'selection.json'
+
+  @property
+  def plots(self) -> pathlib.Path:
+    return self.root / 'plots'
+
+  @contextlib.contextmanager
+  def lock(self) -> Iterator[None]:
+    """Holds the workdir for one training run: an OS file lock on WORKDIR/lock, which the
+    kernel releases when the process ends however it ends (kill -9 leaves no stale lock).
+
+    Raises DataError naming the process that holds it, or why the workdir cannot be used.
+    """
+    try:
+      self.root.mkdir(parents=True, exist_ok=True)
+      handle = open(self.root / 'lock', 'a+', encoding='utf-8')
+    except OSError as e:
+      raise DataError(f'cannot use {self.root} as a workdir: {e.strerror or e}') from None
+    try:
+      try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or 'unknown'
+        raise DataError(f'{self.root} is in use by another training run (PID {holder}); wait '
+                        'for it to finish or use another --workdir') from None
+      handle.seek(0)
+      handle.truncate()
+      handle.write(f'{os.getpid()}\n')
+      handle.flush()
+      yield
+    finally:
+      handle.close()  # closing releases the lock
+
   def checkpoint_dir(self, best: bool = False) -> pathlib.Path:
     return self.best if best else self.checkpoints
 
@@ -73,5 +134,43 @@ class Workdir:
   def read_config(self) -> dict[str, Any]:
     return json.loads(self.config.read_text(encoding='utf-8'))
 
-  def write_config(self, resolved: dict[str, Any]) -> None:
+  def read_sections(self) -> Sections:
+    """The typed sections of the run's config (options of older versions under their new
+    names; options added since at their defaults)."""
+    stored = self.read_config()
+    for entry in (RESOLVED_MODEL, TOKENIZERS):  # the program's entries, not config sections
+      stored.pop(entry, None)
+    return sections(migrate(stored))
+
+  def read_model_config(self) -> ModelConfig:
+    """The model as trained (vocabulary sizes included)."""
+    return ModelConfig(**self.read_config()[RESOLVED_MODEL])
+
+  def check_tokenizers(self, fingerprints: Optional[dict[str, str]] = None) -> None:
+    """Refuses tokenizer files that are not the ones this run's checkpoints were trained with
+    (config.json keeps their fingerprints): missing ones, with `fingerprints` None (before a
+    new tokenizer would be trained), or ones whose fingerprints differ."""
+    if not (self.config.exists() and self.checkpoints.exists()):
+      return
+    stored = self.read_config().get(TOKENIZERS)
+    if not stored:  # a workdir from before fingerprints were kept
+      return
+    if fingerprints is None:
+      if self.existing_tokenizer_paths() is None:
+        raise DataError(f'{self.root} holds checkpoints trained with a SentencePiece model '
+                        f'that is gone ({self.tokenizer_paths(True)[0].name} or the '
+                        f'.src/.tgt pair); put it back, or use a new workdir')
+      return
+    for side, fingerprint in fingerprints.items():
+      if stored.get(side) != fingerprint:
+        raise DataError(f'the {side} SentencePiece model in {self.root} is not the one its '
+                        f'checkpoints were trained with ({fingerprint}, trained with '
+                        f'{stored.get(side)}); put the original back, or use a new workdir')
+
+  def write_config(self, config: dict[str, Any], model: ModelConfig,
+                   tokenizers: Optional[dict[str, str]] = None) -> None:
+    """Writes config.json: the experiment config, the model config as trained and the
+    fingerprints of its tokenizers ({'src': ..., 'tgt': ...})."""
+    resolved = {**config, RESOLVED_MODEL: dataclasses.asdict(model),
+                **({TOKENIZERS: tokenizers} if tokenizers else {})}
     write_atomically(self.config, json.dumps(resolved, indent=2, default=list))

@@ -43,10 +43,10 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   if data_cfg.source == 'demo':
     from transformer_nmt.data import demo as demo_data  # only the demo needs the generator
     if sharding.is_leader():  # one writer; the other processes read its files
-      demo_data.write_demo_corpus(workdir / 'demo_data', *data_cfg.demo_sizes, seed=0)
+      demo_data.write_demo_corpus(Workdir(workdir).demo_data, *data_cfg.demo_sizes, seed=0)
     sharding.barrier('demo corpus written')
-    paths = {split: (str(workdir / 'demo_data' / f'{split}.en'),
-                     str(workdir / 'demo_data' / f'{split}.de'))
+    paths = {split: (str(Workdir(workdir).demo_data / f'{split}.en'),
+                     str(Workdir(workdir).demo_data / f'{split}.de'))
              for split in ('train', 'valid', 'test')}
   elif data_cfg.source == 'text':
     paths = {split: _paths(data_cfg, split) for split in ('train', 'valid', 'test')}
@@ -108,11 +108,16 @@ def _load_or_train(data_cfg: Any, path: pathlib.Path, lines: list[str], given: s
     Tokenizer(given)  # fail with a clear message before copying anything
     shutil.copyfile(given, path)
     return Tokenizer(path)
-  logging.info('Training SentencePiece (%s, vocab %d) on %d lines -> %s', data_cfg.spm_model_type,
-               data_cfg.vocab_size, len(lines), path)
-  return train_tokenizer(lines, path, vocab_size=data_cfg.vocab_size,
-                         model_type=data_cfg.spm_model_type,
-                         max_sentences=data_cfg.spm_max_sentences)
+  logging.info('Training SentencePiece (%s, up to %d pieces) on %d lines -> %s',
+               data_cfg.spm_model_type, data_cfg.vocab_size, len(lines), path)
+  tok = train_tokenizer(lines, path, vocab_size=data_cfg.vocab_size,
+                        model_type=data_cfg.spm_model_type,
+                        max_sentences=data_cfg.spm_max_sentences)
+  if tok.vocab_size < data_cfg.vocab_size:  # vocab_size is a soft limit for small corpora
+    logging.warning('SentencePiece made %d pieces, fewer than data.vocab_size=%d: the text has '
+                    'no more; the model uses %d', tok.vocab_size, data_cfg.vocab_size,
+                    tok.vocab_size)
+  return tok
 
 
 def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,

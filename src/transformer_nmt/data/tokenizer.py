@@ -6,6 +6,7 @@ from the model, never assumed by other modules.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pathlib
@@ -29,6 +30,13 @@ class Tokenizer:
       raise DataError(f'cannot load SentencePiece model {self.path}: {e}') from None
     if self._sp.pad_id() < 0:
       raise DataError(f'SentencePiece model {self.path} has no padding id; train it with pad_id=0')
+
+  @property
+  def fingerprint(self) -> str:
+    """What identifies this model: a hash of its file and its number of pieces. Stored with
+    a run (config.json), so that a resumed run or a decoder notices a different model."""
+    digest = hashlib.sha256(self.path.read_bytes()).hexdigest()[:16]
+    return f'sha256:{digest} pieces:{self.vocab_size}'
 
   @property
   def vocab_size(self) -> int:
@@ -81,6 +89,9 @@ def train_tokenizer(lines: Sequence[str], path: str | os.PathLike, *, vocab_size
 
   `vocab_size` is a soft limit (hard_vocab_limit=False) so small corpora still train.
   """
+  if not any(line.strip() for line in lines):
+    raise DataError(f'no text to train the SentencePiece model {path} on: every training line '
+                    'is empty')
   if len(lines) > max_sentences:
     lines = random.Random(seed).sample(list(lines), max_sentences)
   model = io.BytesIO()

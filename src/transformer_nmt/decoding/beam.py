@@ -18,6 +18,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from transformer_nmt.config import BEAM_STOPS, DECODE
 from transformer_nmt.decoding.search import BeamCache, LogitsFn, Search, decode_loop, padded_length
 from transformer_nmt.decoding.topk import top_k
 from transformer_nmt.model.attention import NEG_INF
@@ -72,11 +73,11 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int)
                    tile_beams(cache, beam_size))
 
 
-STOPS = ('bound', 'k_finished')
+STOPS = BEAM_STOPS
 
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
-         eos_id: int, stop: str = 'bound') -> BeamState:
+         eos_id: int, stop: str = DECODE.beam_stop) -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished."""
   batch, k, _ = s.seqs.shape
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
@@ -128,7 +129,8 @@ def _reorder(cache: Any, beam_idx: jax.Array) -> Any:
   return cache.reorder_beams(gather) if isinstance(cache, BeamCache) else gather(cache)
 
 
-def rows_done(s: BeamState, max_lens: jax.Array, alpha: float, stop: str = 'bound') -> jax.Array:
+def rows_done(s: BeamState, max_lens: jax.Array, alpha: float,
+              stop: str = DECODE.beam_stop) -> jax.Array:
   """[B] bool: the row's best finished score beats the best any live beam can reach (or,
   with stop='k_finished', the row holds K finished hypotheses). A done row stays done.
 
@@ -157,7 +159,7 @@ def result(s: BeamState, eos_id: int, pad_id: int) -> jax.Array:
 
 
 def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int, length: int,
-         stop: str = 'bound') -> Search:
+         stop: str = DECODE.beam_stop) -> Search:
   """Beam search as a `decoding.Search` over outputs of `length` positions (see
   `beam_search`); its `init` tiles the cache to K beams."""
   if stop not in STOPS:
@@ -173,8 +175,8 @@ def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int,
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
                 alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                chunk: int = 8, grow_cache: bool = True,
-                stop: str = 'bound') -> tuple[jax.Array, jax.Array]:
+                chunk: int = DECODE.chunk, grow_cache: bool = True,
+                stop: str = DECODE.beam_stop) -> tuple[jax.Array, jax.Array]:
   """Beam search over `logits_fn` (the cache is tiled to K beams here).
 
   Args:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_nmt.config import DECODE
 from transformer_nmt.decoding.search import LogitsFn, Search, cache_stages
 
 
@@ -64,7 +65,7 @@ class CompactingDecoder:
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
-               chunk: int = 8, min_rows: int = 8):
+               chunk: int = DECODE.chunk, min_rows: int = 8):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.chunk, self.min_rows = chunk, min_rows
     self.rows_per_chunk: list[int] = []  # the last call's batch size in each chunk

@@ -15,6 +15,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from transformer_nmt.config import DECODE
 from transformer_nmt.decoding import topk
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -40,7 +41,7 @@ class BeamCache(Protocol):
 
 
 def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Array], state: Any,
-                num_steps: int, chunk: int = 8, grow_cache: bool = True) -> Any:
+                num_steps: int, chunk: int = DECODE.chunk, grow_cache: bool = True) -> Any:
   """Applies `step_fn` up to `num_steps` times, checking `done_fn` every `chunk` steps.
 
   `state` is a struct with a `cache` field. Steps after a state is done must leave its result
@@ -116,7 +117,7 @@ class Search:
   result: Callable[[Any], jax.Array]
 
   def run(self, logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, num_steps: int,
-          chunk: int = 8, grow_cache: bool = True) -> jax.Array:
+          chunk: int = DECODE.chunk, grow_cache: bool = True) -> jax.Array:
     """The whole search in one jittable loop (`decode_loop`): [B, num_steps] ids."""
     final = decode_loop(lambda s: self.step(s, logits_fn, max_lens),
                         lambda s: jnp.all(self.rows_done(s, max_lens)),
@@ -135,8 +136,9 @@ class GreedyState:
   rng: Optional[jax.Array] = None
 
 
-def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int, temperature: float = 0.0,
-           top_k: int = 0, rng: Optional[jax.Array] = None) -> Search:
+def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
+           temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
+           rng: Optional[jax.Array] = None) -> Search:
   """Greedy decoding (temperature 0), or sampling with temperature and optional top-k, into
   outputs of `length` positions (see `greedy_search`)."""
   def init(cache: Any, max_lens: jax.Array) -> GreedyState:
@@ -159,8 +161,8 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int, temperature: f
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
-                  eos_id: int, pad_id: int, max_len: int, chunk: int = 8,
-                  temperature: float = 0.0, top_k: int = 0,
+                  eos_id: int, pad_id: int, max_len: int, chunk: int = DECODE.chunk,
+                  temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
                   rng: Optional[jax.Array] = None, grow_cache: bool = True) -> jax.Array:
   """Greedy decoding (temperature 0), or sampling with temperature and optional top-k.
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import ModelConfig
+from transformer_nmt.config import DECODE, ModelConfig
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
 from transformer_nmt.decoding.search import LogitsFn, Search, greedy, padded_length
@@ -59,9 +59,10 @@ def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segment
   return no_reuse, (cache, memory)
 
 
-def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4,
-               alpha: float = 0.6, beam_stop: str = 'bound', temperature: float = 0.0,
-               top_k: int = 0, rng: Optional[jax.Array] = None) -> Search:
+def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
+               beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
+               beam_stop: str = DECODE.beam_stop, temperature: float = DECODE.temperature,
+               top_k: int = DECODE.top_k, rng: Optional[jax.Array] = None) -> Search:
   """The search `translate` runs for outputs of `length` positions: sampling when
   `temperature` > 0, else beam search when `beam_size` > 1, else greedy."""
   ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, length=length)
@@ -81,10 +82,12 @@ def _max_lens(src_segments: jax.Array, max_extra_len: int) -> jax.Array:
 
 
 def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
-              bos_id: int, eos_id: int, pad_id: int, beam_size: int = 4, alpha: float = 0.6,
-              max_extra_len: int = 50, chunk: int = 8, cache_mode: str = 'cached',
-              temperature: float = 0.0, top_k: int = 0, rng: Optional[jax.Array] = None,
-              grow_cache: bool = True, beam_stop: str = 'bound') -> jax.Array:
+              bos_id: int, eos_id: int, pad_id: int, beam_size: int = DECODE.beam_size,
+              alpha: float = DECODE.alpha, max_extra_len: int = DECODE.max_extra_len,
+              chunk: int = DECODE.chunk, cache_mode: str = 'cached',
+              temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
+              rng: Optional[jax.Array] = None, grow_cache: bool = True,
+              beam_stop: str = DECODE.beam_stop) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop.
 
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
@@ -117,9 +120,10 @@ class CompactingTranslate:
   since a row's draws depend on its place in the batch."""
 
   def __init__(self, cfg: ModelConfig, *, bos_id: int, eos_id: int, pad_id: int,
-               beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50, chunk: int = 4,
-               temperature: float = 0.0, top_k: int = 0, beam_stop: str = 'bound',
-               min_rows: int = 8):
+               beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
+               max_extra_len: int = DECODE.max_extra_len, chunk: int = DECODE.chunk,
+               temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
+               beam_stop: str = DECODE.beam_stop, min_rows: int = 8):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                         alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k)
@@ -150,7 +154,8 @@ class CompactingTranslate:
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
-                     bos_id: int, eos_id: int, pad_id: int, max_extra_len: int = 50) -> jax.Array:
+                     bos_id: int, eos_id: int, pad_id: int,
+                     max_extra_len: int = DECODE.max_extra_len) -> jax.Array:
   """Greedy translation with the cached decoder: src [B, S] -> ids [B, S + max_extra_len]."""
   return translate(cfg, params, src, src_segments, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                    beam_size=1, max_extra_len=max_extra_len)

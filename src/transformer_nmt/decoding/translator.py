@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import pathlib
+import re
 from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
 
-from transformer_nmt.checkpoint import Checkpointer
-from transformer_nmt.config import ModelConfig
+from transformer_nmt.checkpoint import Checkpointer, describe
+from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
@@ -29,6 +31,7 @@ class LoadedModel:
   tgt_tok: Tokenizer
   steps: list[int]
   config: dict  # the resolved training config (config.json)
+  decode: DecodeConfig  # the run's decoding settings (its config's decode section)
 
 
 def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
@@ -42,8 +45,9 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   if not wd.config.exists():
     raise DataError(f'{workdir} is not a training workdir (no {wd.config.name})')
   config = wd.read_config()
-  cfg = ModelConfig(**config['resolved_model'])
+  cfg, decode = wd.read_model_config(), wd.read_sections().decode
   src_tok, tgt_tok = _tokenizers(wd)
+  wd.check_tokenizers({'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
   if best and (checkpoint is not None or average_last):
     raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
   directory = wd.checkpoint_dir(best)
@@ -51,11 +55,38 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
     raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
                     'evaluation has run yet)')
   ckpt = Checkpointer(directory, read_only=True)
-  steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
-  params = average_params([ckpt.restore_params(step) for step in steps])
-  ckpt.close()
+  try:
+    steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
+    if checkpoint is None and average_last <= 1 and not best:  # the latest that reads back
+      steps, params = _latest_readable(ckpt)
+    else:
+      params = average_params([_read_params(ckpt, step) for step in steps])
+  finally:
+    ckpt.close()
   _check_vocab(params, cfg, tgt_tok)
-  return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config)
+  return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
+
+
+def _read_params(ckpt: Checkpointer, step: int) -> Any:
+  try:
+    return ckpt.restore_params(step)
+  except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+    raise DataError(f'checkpoint {ckpt.directory / str(step)} is unreadable ({describe(e)}); '
+                    'choose another with --checkpoint') from None
+
+
+def _latest_readable(ckpt: Checkpointer) -> tuple[list[int], Any]:
+  """([step], params) of the newest checkpoint that reads back, warning about newer ones
+  that do not (train.py moves those aside when it next runs)."""
+  errors = []
+  for step in reversed(ckpt.all_steps()):
+    try:
+      return [step], ckpt.restore_params(step)
+    except Exception as e:  # noqa: BLE001
+      errors.append(f'step {step}: {describe(e)}')
+      logging.warning('Checkpoint %s is unreadable (%s); using the one before',
+                      ckpt.directory / str(step), describe(e))
+  raise DataError(f'no checkpoint in {ckpt.directory} reads back ({errors[0]})')
 
 
 def _tokenizers(wd: Workdir) -> tuple[Tokenizer, Tokenizer]:
@@ -98,22 +129,21 @@ def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
 class Translator:
   """Translates token-id rows in length buckets (one compile per bucket) and keeps the order."""
 
-  def __init__(self, cfg: ModelConfig, src_tok: Tokenizer, tgt_tok: Tokenizer, *,
-               beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
-               tokens_per_batch: int = 4096, chunk: int = 4, cache_mode: str = 'cached',
-               temperature: float = 0.0, top_k: int = 0, seed: int = 0,
-               grow_cache: bool = True, beam_stop: str = 'bound', compact: bool = True):
-    """`compact` drops finished sentences every `chunk` steps (translate.CompactingTranslate,
-    'cached' decoding only); without it each batch runs as one jitted loop (translate.translate)
-    that checks every `chunk` steps whether all its rows are done. Chunks of 4 rather than 8
-    steps: 0.95-1.3x as fast with compaction on test2016, mostly faster (bench/RESULTS.md);
-    more shapes to compile."""
-    self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, tokens_per_batch
-    self._rng = jax.random.key(seed)  # sampling only: batch i uses fold_in(rng, i)
+  def __init__(self, cfg: ModelConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
+               decode: DecodeConfig = DECODE, *, cache_mode: str = 'cached',
+               grow_cache: bool = True):
+    """`decode.compact` drops finished sentences every `decode.chunk` steps
+    (translate.CompactingTranslate, 'cached' decoding only); without it each batch runs as one
+    jitted loop (translate.translate) that checks every `chunk` steps whether all its rows are
+    done. `cache_mode` and `grow_cache` are for measuring the decoder cache (bench/)."""
+    d = decode.validate()
+    self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
+    self.max_input_len = d.max_input_len
+    self._rng = jax.random.key(d.seed)  # sampling only: batch i uses fold_in(rng, i)
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
-                  beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, chunk=chunk,
-                  temperature=temperature, top_k=top_k, beam_stop=beam_stop)
-    self.compact = compact and cache_mode == 'cached'
+                  beam_size=d.beam_size, alpha=d.alpha, max_extra_len=d.max_extra_len,
+                  chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop)
+    self.compact = d.compact and cache_mode == 'cached'
     if self.compact:
       self._translate = CompactingTranslate(cfg, **search)
     else:
@@ -144,16 +174,49 @@ class Translator:
 
   def translate_lines(self, params: Any, lines: Sequence[str],
                       progress: Optional[Callable[[int], None]] = None) -> list[str]:
-    """Sentences -> translations; an empty line gives an empty line."""
+    """Sentences -> translations; an empty line gives an empty line. A line longer than
+    `decode.max_input_len` tokens is translated in pieces (see `_pieces`), which are joined
+    with spaces; how many lines were split or truncated goes to the log."""
     keep = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = self.src_tok.encode([lines[i] for i in keep])
-    rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in encoded]
+    pieces: list[list[int]] = []
+    owner: list[int] = []  # the line of each piece
+    split = truncated = 0
+    for i, ids in zip(keep, self.src_tok.encode([lines[i] for i in keep])):
+      parts, cut = self._pieces(lines[i], ids)
+      split, truncated = split + (len(parts) > 1), truncated + cut
+      pieces += parts
+      owner += [i] * len(parts)
+    if split or truncated:
+      logging.warning('%d line(s) over decode.max_input_len=%d tokens translated in pieces split '
+                      'at sentence ends; %d sentence(s) truncated to that length', split,
+                      self.max_input_len, truncated)
+    rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
     outputs = self.translate_ids(params, rows, progress)
     texts = self.tgt_tok.decode([o.tolist() for o in outputs])
-    result = [''] * len(lines)
-    for i, text in zip(keep, texts):
-      result[i] = text
-    return result
+    result: list[list[str]] = [[] for _ in lines]
+    for i, text in zip(owner, texts):
+      result[i].append(text)
+    return [' '.join(parts) for parts in result]
+
+  def _pieces(self, line: str, ids: list[int]) -> tuple[list[list[int]], int]:
+    """A line's source ids in pieces of at most max_input_len - 1 tokens (EOS follows): whole
+    sentences packed greedily, a sentence longer than that truncated. Returns the pieces and
+    how many sentences were truncated."""
+    limit = self.max_input_len - 1
+    if len(ids) <= limit:
+      return [ids], 0
+    pieces: list[list[int]] = [[]]
+    truncated = 0
+    for sentence in self.src_tok.encode(_SENTENCE_END.split(line.strip())):
+      if len(sentence) > limit:
+        sentence, truncated = sentence[:limit], truncated + 1
+      if len(pieces[-1]) + len(sentence) > limit:
+        pieces.append([])
+      pieces[-1] += sentence
+    return [p for p in pieces if p], truncated
+
+
+_SENTENCE_END = re.compile(r'(?<=[.!?;:\u3002\uff01\uff1f])\s+')  # after . ! ? ; : and CJK ones
 
 
 def _strip(ids: np.ndarray, eos_id: int) -> np.ndarray:

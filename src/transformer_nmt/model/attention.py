@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.model import one_step
 from transformer_nmt.model.precision import Dense
 
 # The one minus infinity: masked attention logits and impossible search scores. Finite, so
@@ -33,10 +34,13 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> 
     mask: bool, broadcastable to [B, H, T, S] (or to k's rows); None means attend everywhere.
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-  if q.shape[1] == 1:
-    return _one_query_weights(q * scale, k, mask)
-  logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
-                      preferred_element_type=jnp.float32)  # [B, H, T, S]
+  if q.shape[1] == 1:  # one decoding step: the CPU fast path, same values (one_step.py)
+    logits = one_step.one_query_logits(q * scale, k)  # [B, H, 1, S]
+    if mask is not None and mask.shape[0] not in (1, q.shape[0]):  # per key row: per query row
+      mask = jnp.repeat(mask, q.shape[0] // mask.shape[0], axis=0)
+  else:
+    logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
+                        preferred_element_type=jnp.float32)  # [B, H, T, S]
   return _masked_softmax(logits, mask)
 
 
@@ -47,28 +51,6 @@ def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
   return jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
 
 
-def _one_query_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
-  """One decoding step, q [N, 1, H, Dh] against k [B, S, H, Dh] with N = B * G -> [N, H, 1, S].
-
-  A fused multiply-reduce beats XLA CPU's batched matrix-vector dots about 3.6x here; with
-  G > 1 the G query rows that share one key row are reduced together, which also reads those
-  keys once (4x faster for beam 4's cross-attention, bench/micro.py). G = 1 keeps
-  its own layout: the grouped one with a unit G axis runs ~10x slower on XLA CPU.
-  """
-  b, s, h, _ = k.shape
-  g = q.shape[0] // b
-  if g == 1:
-    logits = jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
-    return _masked_softmax(jnp.swapaxes(logits, 1, 2)[:, :, None, :], mask)  # [N, H, 1, S]
-  qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
-  logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
-  logits = jnp.swapaxes(logits, 2, 3)  # [B, G, H, S]
-  if mask is not None:
-    mask = mask[:, :, 0, :]  # [M, H or 1, S], M in (1, B, N)
-    mask = mask.reshape((b, g) + mask.shape[1:]) if mask.shape[0] == q.shape[0] else mask[:, None]
-  return _masked_softmax(logits, mask).reshape(q.shape[0], h, 1, s)
-
-
 def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
                     dropout_rate: float = 0.0) -> jax.Array:
   """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
@@ -77,14 +59,8 @@ def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax
   if dropout_rng is not None and dropout_rate > 0.0:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  if probs.shape[2] == 1 and probs.shape[0] == v.shape[0]:  # one step, as in attention_weights
-    weights = jnp.swapaxes(probs[:, :, 0, :], 1, 2)[..., None]  # [N, S, H, 1]
-    return jnp.sum(weights * v.astype(jnp.float32), axis=1)[:, None].astype(v.dtype)
-  if probs.shape[2] == 1:  # one step, G query rows per value row
-    b, s, h, _ = v.shape
-    weights = jnp.swapaxes(probs.reshape(b, -1, h, s), 2, 3)[..., None]  # [B, G, S, H, 1]
-    out = jnp.sum(weights * v.astype(jnp.float32)[:, None], axis=2)  # [B, G, H, Dh]
-    return out.reshape((probs.shape[0], 1) + out.shape[2:]).astype(v.dtype)
+  if probs.shape[2] == 1:  # one decoding step, as in attention_weights
+    return one_step.one_query_values(probs, v)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
 
 

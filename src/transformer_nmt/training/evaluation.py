@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from transformer_nmt.config import ModelConfig
+from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translator import Translator
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.steps import eval_step
+
+
+class EvaluationInterrupted(Exception):
+  """An evaluation given up between batches because the run was asked to stop."""
 
 
 @dataclasses.dataclass
@@ -26,22 +30,26 @@ class Evaluator:
   label_smoothing: float
   tokenizer: Tokenizer  # target side
   src_tokenizer: Tokenizer
-  tokens_per_batch: int = 4096
-  max_extra_len: int = 50
-
-  beam_size: int = 1  # greedy during training keeps evaluation cheap
+  decode: DecodeConfig = DECODE  # its length limit and batch size; the search is greedy
+  # Asked between batches: True gives up with EvaluationInterrupted (a run asked to stop).
+  interrupted: Callable[[], bool] = lambda: False
 
   def __post_init__(self) -> None:
     self._eval_step = jax.jit(functools.partial(eval_step, apply_fn=Transformer(self.cfg).apply,
                                                 label_smoothing=self.label_smoothing))
-    self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer,
-                                 beam_size=self.beam_size, max_extra_len=self.max_extra_len,
-                                 tokens_per_batch=self.tokens_per_batch)
+    # greedy: keeps evaluation during training cheap
+    greedy = dataclasses.replace(self.decode, beam_size=1, temperature=0.0)
+    self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer, greedy)
+
+  def _check(self) -> None:
+    if self.interrupted():
+      raise EvaluationInterrupted
 
   def loss(self, params: Any, data: data_lib.ParallelData) -> dict:
     """Token-mean smoothed loss, NLL, perplexity and accuracy over every example of `data`."""
     totals: dict[str, float] = {}
-    for plan in data_lib.plan_batches(data.lengths, data.boundaries, self.tokens_per_batch):
+    for plan in data_lib.plan_batches(data.lengths, data.boundaries, self.decode.tokens_per_batch):
+      self._check()
       sums = jax.device_get(self._eval_step(params, data_lib.collate(data, plan)))
       for k, v in sums.items():
         totals[k] = totals.get(k, 0.0) + float(v)
@@ -52,7 +60,7 @@ class Evaluator:
 
   def translate(self, params: Any, data: data_lib.ParallelData) -> list[str]:
     """Translations of every example, in the order of `data`."""
-    outputs = self.translator.translate_ids(params, data.src)
+    outputs = self.translator.translate_ids(params, data.src, lambda _: self._check())
     return self.tokenizer.decode([o.tolist() for o in outputs])
 
   def bleu(self, params: Any, data: data_lib.ParallelData,

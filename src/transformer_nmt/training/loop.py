@@ -17,53 +17,25 @@ import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import ModelConfig, check_sections, model_config_from_dict
+from transformer_nmt.config import ModelConfig, model_config_from_dict, validate_config
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
-from transformer_nmt.defaults import default_config
-from transformer_nmt.errors import ConfigError
+from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.metrics import MetricWriter
 from transformer_nmt.model.transformer import count_params
-from transformer_nmt.training.evaluation import Evaluator, subset
+from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
+from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
 from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
-from transformer_nmt.workdir import Workdir
+from transformer_nmt.workdir import RESOLVED_MODEL, Workdir
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Rejects unknown keys, wrong types and out-of-range values before anything is written."""
-  check_sections(config.to_dict(), default_config().to_dict())
-  model_config_from_dict(config.model, vocab_size=1, src_vocab_size=1)
-  t, d = config.train, config.data
-  for name, value in (('train.num_steps', t.num_steps), ('train.warmup_steps', t.warmup_steps),
-                      ('train.log_every', t.log_every), ('train.eval_every', t.eval_every),
-                      ('train.checkpoint_every', t.checkpoint_every),
-                      ('train.keep_checkpoints', t.keep_checkpoints),
-                      ('data.tokens_per_batch', d.tokens_per_batch), ('data.max_len', d.max_len),
-                      ('data.vocab_size', d.vocab_size),
-                      ('eval.tokens_per_batch', config.eval.tokens_per_batch)):
-    if value <= 0:
-      raise ConfigError(f'{name}={value} must be positive')
-  for name, value in (('train.label_smoothing', t.label_smoothing), ('train.adam_b1', t.adam_b1),
-                      ('train.adam_b2', t.adam_b2)):
-    if not 0.0 <= value < 1.0:
-      raise ConfigError(f'{name}={value} must be in [0, 1)')
-  if d.pack_length and d.pack_length < d.max_len:
-    raise ConfigError(f'data.pack_length={d.pack_length} must be 0 (no packing) or at least '
-                      f'data.max_len={d.max_len}, so that every pair fits in a row')
-  if not d.joint_vocab and config.model.share_embeddings:
-    raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
-                      'it needs model.share_embeddings=False')
-  if t.fsdp_devices < 0 or (t.shard_params and t.fsdp_devices
-                            and jax.device_count() % t.fsdp_devices):
+def check_devices(config: ml_collections.ConfigDict) -> None:
+  """The one check that needs this run's devices: FSDP's axis must divide them."""
+  t = config.train
+  if t.shard_params and t.fsdp_devices and jax.device_count() % t.fsdp_devices:
     raise ConfigError(f'train.fsdp_devices={t.fsdp_devices} must be 0 (all devices) or divide '
                       f'the {jax.device_count()} devices')
-  if t.global_batch_tokens < 0:
-    raise ConfigError(f'train.global_batch_tokens={t.global_batch_tokens} must be 0 (one '
-                      'batch of data.tokens_per_batch per update) or positive')
-  if t.adam_eps <= 0 or t.learning_rate_multiplier <= 0 or t.clip_grad_norm < 0:
-    raise ConfigError('train.adam_eps and train.learning_rate_multiplier must be positive, '
-                      'train.clip_grad_norm non-negative')
 
 
 @dataclasses.dataclass
@@ -80,21 +52,33 @@ class Experiment:
   host_sharded: bool = False  # train holds this process's share only (see corpus.Corpus)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experiment:
-  """Reads data, sets up tokenizers in the workdir and writes the resolved config."""
-  validate_config(config)
+def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+            hold: Optional[contextlib.ExitStack] = None) -> Experiment:
+  """Reads data, sets up tokenizers in the workdir and writes the resolved config.
+
+  Nothing is written before the config and the data have been checked; from the first write
+  on, process 0 holds the workdir's lock in `hold` (see `Workdir.lock`).
+  """
+  typed = validate_config(config)
+  check_devices(config)
+  if workdir.exists() and not workdir.is_dir():
+    raise DataError(f'--workdir={workdir} is a file, not a directory')
   if (config.data.source == 'tfds' and jax.process_count() > 1
       and not config.data.pack_length):
     raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
                       'set data.pack_length (e.g. 256) so that every process builds batches of '
                       'the same shape')
   corpus = corpus_lib.read_corpus(config.data, workdir)
+  if hold is not None and sharding.is_leader():
+    hold.enter_context(Workdir(workdir).lock())
   workdir.mkdir(parents=True, exist_ok=True)
+  Workdir(workdir).check_tokenizers()  # before a missing one would be trained anew
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
   model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
                                      src_vocab_size=src_tok.vocab_size)
   if sharding.is_leader():
-    _check_and_write_config(config, model_cfg, workdir)
+    _check_and_write_config(config, model_cfg, workdir,
+                            {'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
   splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, name == 'train')
             for name, lines in (('train', corpus.train), ('valid', corpus.valid),
                                 ('test', corpus.test)) if lines is not None}
@@ -102,25 +86,26 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> Experim
     s = split.stats
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
-  evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok,
-                        config.eval.tokens_per_batch, config.eval.max_extra_len)
+  evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok, typed.decode)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator,
                     corpus.host_sharded)
 
 
 def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
-                            workdir: pathlib.Path) -> None:
-  """Writes config.json; refuses a workdir whose checkpoints belong to another model config."""
+                            workdir: pathlib.Path, tokenizers: dict[str, str]) -> None:
+  """Writes config.json; refuses a workdir whose checkpoints belong to another model config
+  or other tokenizers."""
   wd = Workdir(workdir)
+  wd.check_tokenizers(tokenizers)
   model = dataclasses.asdict(model_cfg)
   if wd.config.exists() and wd.checkpoints.exists():
-    old = wd.read_config().get('resolved_model', {})
+    old = wd.read_config().get(RESOLVED_MODEL, {})
     diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
     if diff:
       raise ConfigError(f'{workdir} holds checkpoints of a different model (differs in {diff}); '
                         'use a new --workdir')
-  wd.write_config({**config.to_dict(), 'resolved_model': model})
+  wd.write_config(config.to_dict(), model_cfg, tokenizers)
 
 
 class Progress:
@@ -209,9 +194,22 @@ def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, st
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Trains, resuming from the workdir's latest checkpoint, and evaluates at the end."""
+  """Trains, resuming from the workdir's latest checkpoint, and evaluates at the end.
+
+  Process 0 holds the workdir's lock from its first write to the end of the run: a second
+  run on the same workdir stops at once.
+  """
+  stop = StopRequest()
+  with contextlib.ExitStack() as hold, stop.watching():
+    _train_and_evaluate(config, workdir, hold, stop)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        hold: contextlib.ExitStack, stop: StopRequest) -> None:
   workdir_path = pathlib.Path(workdir)
-  exp = prepare(config, workdir_path)
+  exp = prepare(config, workdir_path, hold)
+  if not stop.multi_process:  # evaluations must end together on many processes
+    exp.evaluator.interrupted = stop.requested
   t = config.train
   rng = jax.random.key(t.seed)
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
@@ -233,7 +231,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   try:
     placement = state_shardings(state, mesh)
     _train_loop(exp, config, jax.device_put(state, placement), placement, data_position, mesh,
-                ckpt, best, writer, dropout_key)
+                ckpt, best, writer, dropout_key, stop)
   finally:
     ckpt.close()
     if best is not None:
@@ -320,10 +318,11 @@ def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
 
 def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                 placement: Any, data_position: int, mesh: Any, ckpt: Checkpointer,
-                best: Optional[Checkpointer],
-                writer: MetricWriter, dropout_rng: jax.Array) -> None:
-  """Steps from state.step to train.num_steps with logging, evaluation and checkpoints;
-  on Ctrl-C the last completed step is checkpointed before the interrupt propagates.
+                best: Optional[Checkpointer], writer: MetricWriter, dropout_rng: jax.Array,
+                stop: StopRequest) -> None:
+  """Steps from state.step to train.num_steps with logging, evaluation and checkpoints.
+  When `stop` says so at a step boundary (SIGTERM, Ctrl-C; evaluation gives up between its
+  batches), the last completed step is checkpointed and `Stopped` raised.
   `best`, if given, keeps the checkpoint with the highest validation BLEU. `data_position`
   counts the micro-batches consumed so far; it and `dropout_rng` are saved with every
   checkpoint."""
@@ -349,7 +348,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
       if step % t.checkpoint_every == 0 or step == t.num_steps:
         ckpt.save(step, state, loop_state(data_position, dropout_rng))
       if step % t.eval_every == 0 or step == t.num_steps:
-        with progress.outside_training():
+        with progress.outside_training(), contextlib.suppress(EvaluationInterrupted):
           row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
                               final=step == t.num_steps))
           if best is not None:
@@ -357,6 +356,12 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                       metrics={'eval_bleu': row['eval_bleu']})
       if row:
         writer.write(step, row)
+      if stop.should_stop(step):
+        ckpt.save(step, state, loop_state(data_position, dropout_rng), force=True)
+        logging.info('Stopped on request: saved checkpoint at step %d; run again to resume', step)
+        raise Stopped
+  except Stopped:
+    raise
   except KeyboardInterrupt:  # `state` and `data_position` are the last completed step's
     ckpt.save(int(state.step), state, loop_state(data_position, dropout_rng), force=True)
     logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))

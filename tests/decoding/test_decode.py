@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data.tokenizer import train_tokenizer
 from transformer_nmt.decoding.translator import Translator, average_params, load_workdir
 from transformer_nmt.errors import DataError
@@ -46,8 +47,8 @@ def test_average_params_is_the_elementwise_mean():
 def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size):
   lines = test_lines[:12]
   def run(tokens, order):
-    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, beam_size=beam_size,
-                            max_extra_len=5, tokens_per_batch=tokens)
+    decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens)
+    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
     out = translator.translate_lines(loaded.params, [lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
   forward = list(range(len(lines)))
@@ -57,8 +58,8 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
 
 
 def test_empty_lines_survive(loaded, test_lines):
-  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, beam_size=2,
-                          max_extra_len=5)
+  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
+                          DecodeConfig(beam_size=2, max_extra_len=5))
   out = translator.translate_lines(loaded.params, ['', test_lines[0], '', '', test_lines[1], ''])
   assert len(out) == 6
   assert out[0] == out[2] == out[3] == out[5] == ''
@@ -113,7 +114,9 @@ def test_decode_bad_input(tiny_workdir, tmp_path):
   _clean_failure(run_decode('--workdir', wd, '--average_last', '9', stdin='x\n'),
                  'keeps only 2 checkpoints')
   _clean_failure(run_decode('--workdir', wd, '--chunk', '0', stdin='x\n'),
-                 'and --chunk must be positive')
+                 'error: --chunk=0 must be positive')
+  _clean_failure(run_decode('--workdir', wd, '--beam_size', '0', stdin='x\n'),
+                 'error: --beam_size=0 must be positive')
   (tmp_path / 'ref').write_text('a\nb\n')
   _clean_failure(run_decode('--workdir', wd, '--reference', str(tmp_path / 'ref'), stdin='x\n'),
                  'has 2 lines but the input has 1')
@@ -130,3 +133,47 @@ def test_tokenizer_checkpoint_mismatch_is_refused(tiny_workdir, tmp_path):
   with pytest.raises(DataError, match='do not belong together'):
     load_workdir(copy)
   _clean_failure(run_decode('--workdir', str(copy), stdin='x\n'), 'do not belong together')
+
+
+def test_decode_refuses_outputs_that_would_lose_work(tiny_workdir, tmp_path):
+  wd = str(tiny_workdir)
+  source = tmp_path / 'in.en'
+  source.write_text('a house\n')
+  _clean_failure(run_decode('--workdir', wd, '--input', str(source), '--output', str(source)),
+                 'is also the --input file')
+  assert source.read_text() == 'a house\n'
+  (tmp_path / 'ref.de').write_text('ein Haus\n')
+  _clean_failure(run_decode('--workdir', wd, '--input', str(source), '--reference',
+                            str(tmp_path / 'ref.de'), '--output', str(tmp_path / 'ref.de')),
+                 'is also the --reference file')
+  _clean_failure(run_decode('--workdir', wd, '--input', str(source), '--output',
+                            str(tmp_path / 'missing' / 'out.de')), 'does not exist')
+  _clean_failure(run_decode('--workdir', wd, '--input', str(source), '--output', str(tmp_path)),
+                 'is a directory')
+
+
+def test_long_lines_are_translated_in_pieces(loaded, test_lines):
+  sentence = test_lines[0].rstrip('.') + '.'
+  short = len(loaded.src_tok.encode([sentence])[0]) + 1
+  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
+                          DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=2 * short))
+  alone = translator.translate_lines(loaded.params, [sentence])[0]
+  long_line = ' '.join([sentence] * 50)  # 50 sentences: 25 pieces of two
+  pair = translator.translate_lines(loaded.params, [' '.join([sentence] * 2)])[0]
+  out = translator.translate_lines(loaded.params, ['', long_line, sentence])
+  assert out[0] == '' and out[2] == alone
+  assert out[1] == ' '.join([pair] * 25)
+  one_word = DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=3)
+  cut = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, one_word)
+  assert cut._pieces(sentence, loaded.src_tok.encode([sentence])[0])[1] == 1  # truncated
+
+
+def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path):
+  source = tmp_path / 'long.en'
+  words = (tiny_workdir / 'demo_data' / 'test.en').read_text().split()
+  source.write_text(' '.join((words * (5000 // len(words) + 1))[:5000]) + '\n')
+  result = run_decode('--workdir', str(tiny_workdir), '--input', str(source), '--beam_size', '1',
+                      '--max_input_len', '64', '--batch_tokens', '512')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert len(result.stdout.splitlines()) == 1 and result.stdout.strip()
+  assert '1 line(s) over decode.max_input_len=64' in result.stderr

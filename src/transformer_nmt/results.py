@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -12,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
+from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.translator import LoadedModel, Translator, load_workdir
 from transformer_nmt.files import write_atomically
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
@@ -70,20 +72,22 @@ def checkpoint_candidates(workdir: str | os.PathLike,
 
 
 def select(workdir: str | os.PathLike, sources: Sequence[str], references: Sequence[str], *,
-           beam_size: int, alphas: Sequence[float], average_last: int, batch_tokens: int,
-           max_extra_len: int, log: Log) -> tuple[Selection, Translator]:
+           decode: DecodeConfig, alphas: Sequence[float], average_last: int,
+           log: Log) -> tuple[Selection, Translator]:
   """Chooses on validation data only: first the checkpoint (greedy BLEU, which is cheap), then
-  the length penalty alpha for beam search on that checkpoint (greedy if no alpha beats it).
+  the length penalty alpha for beam search of `decode.beam_size` on that checkpoint (greedy if
+  no alpha beats it). `decode` gives the other search settings.
 
   Returns the selection and a translator with the chosen search settings.
   """
   table: list[tuple[str, str, float]] = []
-  options = dict(max_extra_len=max_extra_len, tokens_per_batch=batch_tokens)
+  beam_size = decode.beam_size
   greedy: Optional[Translator] = None  # compiled once, shared by every candidate
   best: Optional[tuple[float, str, LoadedModel]] = None
   for label, load in checkpoint_candidates(workdir, average_last):
     model = load()
-    greedy = greedy or Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=1, **options)
+    greedy = greedy or Translator(model.cfg, model.src_tok, model.tgt_tok,
+                                  dataclasses.replace(decode, beam_size=1))
     bleu = score(greedy, model, sources, references).bleu
     log(f'validation: {label} (steps {model.steps}), greedy: BLEU {bleu:.2f}')
     table.append((label, 'greedy', bleu))
@@ -93,8 +97,8 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   greedy_bleu, label, model = best
   chosen = (greedy_bleu, 1, 0.0, greedy)
   for alpha in alphas:
-    beam = Translator(model.cfg, model.src_tok, model.tgt_tok, beam_size=beam_size, alpha=alpha,
-                      **options)
+    beam = Translator(model.cfg, model.src_tok, model.tgt_tok,
+                      dataclasses.replace(decode, alpha=alpha))
     bleu = score(beam, model, sources, references).bleu
     log(f'validation: {label}, beam {beam_size} alpha {alpha}: BLEU {bleu:.2f}')
     table.append((label, f'beam {beam_size}, alpha {alpha}', bleu))
@@ -102,6 +106,17 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
       chosen = (bleu, beam_size, alpha, beam)
   bleu, k, alpha, translator = chosen
   return Selection(model, label, k, alpha, bleu, len(sources), table), translator
+
+
+def selection_json(selection: Selection, tests: Sequence[tuple[str, Scored]]) -> str:
+  """The record of a recipe run (the workdir's recipe/selection.json): what was chosen on
+  validation, every trial, and the test-set scores with their signatures."""
+  return json.dumps(
+      {'checkpoint': selection.checkpoint, 'steps': selection.model.steps,
+       'beam_size': selection.beam_size, 'alpha': selection.alpha,
+       'valid_bleu': selection.valid_bleu, 'trials': selection.table,
+       'tests': {name: {'bleu': s.bleu, 'chrf': s.chrf, 'signature': s.signature,
+                        'chrf_signature': s.chrf_signature} for name, s in tests}}, indent=2)
 
 
 def machine() -> str:
@@ -131,6 +146,12 @@ _COLUMNS = ('date', 'config', 'direction', 'steps', 'train wall', 'hardware',
             'checkpoint, search (chosen on valid)', 'valid BLEU', 'test sets: sacreBLEU / chrF',
             'plots', 'sacreBLEU signature')
 _ALIGN = ('---', '---', '---', '---:', '---:', '---', '---', '---:', '---', '---', '---')
+INTRO = """# Translation results
+
+Rows are appended by `recipe.py` (see README): each trains a config, chooses the checkpoint and
+the beam-search length penalty on the validation set only, then decodes the test sets. Scores
+are sacreBLEU (cased, detokenised, 13a tokenisation, with its signature) and chrF.
+"""
 RESULTS_HEADER = f"| {' | '.join(_COLUMNS)} |\n| {' | '.join(_ALIGN)} |\n"
 
 
@@ -149,7 +170,7 @@ def results_row(*, config: str, direction: str, steps: int, train_seconds: Optio
   return '| ' + ' | '.join(cells) + ' |\n'
 
 
-def append_row(path: str | os.PathLike, row: str, intro: str) -> None:
+def append_row(path: str | os.PathLike, row: str, intro: str = INTRO) -> None:
   """Appends `row` to the table at the end of `path`, creating the file with `intro` first.
 
   The file is rewritten through a temporary file, so it is never left half-written.

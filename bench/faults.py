@@ -1,0 +1,127 @@
+"""Fault injection: train.py on the tiny config, stopped again and again by SIGKILL, SIGTERM or
+SIGINT at random moments (seeded; some land in checkpoint saves and evaluations), each time
+resumed, and compared with a run that was never interrupted.
+
+  python bench/faults.py [--rounds 20] [--seed 0] [--markdown bench/RESULTS.md]
+
+Prints, per round, the signal, the step it hit and how the process ended; then the rounds
+survived (every resume went on from a checkpoint), the checkpoints quarantined, and whether
+every logged training loss and the final parameters equal the uninterrupted run's.
+"""
+
+import json
+import pathlib
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from absl import app, flags
+
+_ROUNDS = flags.DEFINE_integer('rounds', 20, 'Interruptions.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed for the signals and their moments.')
+_MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the result into this file, '
+                                'replacing its bench/faults.py section.')
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = 200
+FLAGS = ['--config', 'configs/tiny.py', f'--config.train.num_steps={STEPS}',
+         '--config.train.log_every=1', '--config.train.checkpoint_every=4',
+         '--config.train.eval_every=8', '--config.train.keep_checkpoints=3']
+SIGNALS = {'SIGKILL': signal.SIGKILL, 'SIGTERM': signal.SIGTERM, 'SIGINT': signal.SIGINT}
+
+
+def train(workdir: pathlib.Path) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, 'train.py', *FLAGS, '--workdir', str(workdir)],
+                          cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def last_step(text: str) -> int:
+  steps = [int(line.split('step ')[1].split('/')[0]) for line in text.splitlines()
+           if f'/{STEPS} |' in line]
+  return max(steps, default=0)
+
+
+def interrupt(workdir: pathlib.Path, rng: random.Random) -> dict:
+  """One round: run until a random number of further steps (and a random fraction of a
+  second) has passed, send a random signal, wait for the process to end."""
+  name = rng.choice(sorted(SIGNALS))
+  steps_ahead, extra = rng.randint(1, 12), rng.uniform(0.0, 1.5)
+  proc = train(workdir)
+  seen, target = [], None
+  for line in proc.stderr:
+    seen.append(line)
+    if ' | loss ' in line:
+      step = last_step(line)
+      target = step + steps_ahead if target is None else target
+      if step >= target:
+        break
+  time.sleep(extra)
+  if proc.poll() is None:
+    proc.send_signal(SIGNALS[name])
+  rest = proc.communicate(timeout=600)[1]
+  text = ''.join(seen) + rest
+  return {'signal': name, 'hit': last_step(text), 'code': proc.returncode,
+          'traceback': 'Traceback' in rest, 'resumed': 'Resumed from checkpoint' in text,
+          'finished': f'step {STEPS}/{STEPS}' in text}
+
+
+def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return [(r['step'], r['train_loss']) for r in rows if 'train_loss' in r]
+
+
+def final_params(workdir: pathlib.Path):
+  from transformer_nmt.decoding.translator import load_workdir
+  return load_workdir(workdir).params
+
+
+def main(argv):
+  del argv
+  import jax
+
+  from transformer_nmt.results import machine
+  rng = random.Random(_SEED.value)
+  with tempfile.TemporaryDirectory() as tmp:
+    reference, faulted = pathlib.Path(tmp) / 'reference', pathlib.Path(tmp) / 'faulted'
+    straight = train(reference)
+    assert straight.wait() == 0, straight.stderr.read()[-3000:]
+    rounds = []
+    for i in range(_ROUNDS.value):
+      rounds.append(interrupt(faulted, rng))
+      print(f'round {i + 1}: {rounds[-1]}', flush=True)
+      if rounds[-1]['finished']:
+        break
+    end = train(faulted)
+    end_err = end.communicate(timeout=1800)[1]
+    assert end.returncode == 0, end_err[-3000:]
+    expected = dict(losses(reference))
+    logged = losses(faulted)
+    equal_losses = all(np.isclose(loss, expected[step], rtol=1e-6) for step, loss in logged)
+    same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)),
+                                  final_params(faulted), final_params(reference))
+    quarantined = faulted / 'checkpoints' / 'quarantine'
+    survived = sum(1 for r in rounds if not r['traceback'] and r['code'] in (-9, 130, 0))
+  counts = {name: sum(r['signal'] == name for r in rounds) for name in SIGNALS}
+  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/faults.py "
+          f"{shlex.join(sys.argv[1:])}`\n\n"
+          f"{len(rounds)} interruptions of a {STEPS}-step tiny run (checkpoints every 4 steps, "
+          f"evaluations every 8), {counts}: {survived} ended as expected (SIGKILL: killed; "
+          f"SIGTERM/SIGINT: exit 130 with a checkpoint) without a traceback, each followed by a "
+          f"resume; {len(list(quarantined.iterdir())) if quarantined.exists() else 0} "
+          f"checkpoints quarantined; {len(logged)} logged training losses (steps redone after "
+          f"a SIGKILL logged again) {'all equal' if equal_losses else 'NOT all equal'} to the "
+          f"uninterrupted run's; final parameters "
+          f"{'identical' if all(jax.tree_util.tree_leaves(same)) else 'DIFFERENT'}.\n")
+  print(text)
+  if _MARKDOWN.value:
+    from bench_markdown import write_section
+    write_section(pathlib.Path(_MARKDOWN.value), 'bench/faults.py', text)
+
+
+if __name__ == '__main__':
+  app.run(main)

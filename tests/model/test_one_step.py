@@ -1,0 +1,55 @@
+"""The CPU fast paths of one decoding step against eq. 1 written as einsums."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_nmt.model import one_step
+from transformer_nmt.model.attention import attention_weights, dot_product_attention
+
+
+def _qkv(rows, groups, s=5, h=2, d=4, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(groups), 3)
+  q = jax.random.normal(keys[0], (rows * groups, 1, h, d)).astype(dtype)
+  k = jax.random.normal(keys[1], (rows, s, h, d)).astype(dtype)
+  v = jax.random.normal(keys[2], (rows, s, h, d)).astype(dtype)
+  return q, k, v
+
+
+@pytest.mark.parametrize('groups', [1, 4])
+def test_one_query_logits_and_values_match_the_einsums(groups):
+  q, k, v = _qkv(3, groups)
+  k_rows, v_rows = (jnp.repeat(x, groups, axis=0) for x in (k, v))  # row n uses row n // G
+  reference = jnp.einsum('bthd,bshd->bhts', q, k_rows)
+  np.testing.assert_allclose(one_step.one_query_logits(q, k), reference, rtol=1e-5, atol=1e-5)
+  probs = jax.nn.softmax(reference, axis=-1)
+  np.testing.assert_allclose(one_step.one_query_values(probs, v),
+                             jnp.einsum('bhts,bshd->bthd', probs, v_rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('groups, mask_rows', [(1, 3), (4, 3), (4, 12), (4, 1)])
+def test_one_step_attention_equals_the_general_path(groups, mask_rows):
+  """A one-query step through `dot_product_attention` (fast path) equals the same query
+  computed by the T > 1 einsum path, with masks given per key row, per query row or shared."""
+  q, k, v = _qkv(3, groups)
+  n = q.shape[0]
+  mask = jax.random.bernoulli(jax.random.key(7), 0.7, (mask_rows, 1, 1, 5)).at[:, ..., 0].set(True)
+  fast = dot_product_attention(q, k, v, mask)
+  per_row = jnp.repeat(mask, n // mask_rows, axis=0) if mask_rows > 1 else mask
+  k_rows, v_rows = (jnp.repeat(x, groups, axis=0) for x in (k, v))
+  # Two copies of each query make T = 2, which takes the general einsum path.
+  general = dot_product_attention(jnp.concatenate([q, q], 1), k_rows, v_rows,
+                                  jnp.concatenate([per_row, per_row], 2))[:, :1]
+  np.testing.assert_allclose(fast, general, rtol=1e-5, atol=1e-5)
+  weights = attention_weights(q, k, mask)
+  assert weights.shape == (n, 2, 1, 5) and weights.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_bfloat16_inputs_reduce_in_float32():
+  q, k, v = _qkv(2, 4, dtype=jnp.bfloat16)
+  logits = one_step.one_query_logits(q, k)
+  assert logits.dtype == jnp.float32
+  out = one_step.one_query_values(jax.nn.softmax(logits, -1), v)
+  assert out.dtype == jnp.bfloat16 and out.shape == (8, 1, 2, 4)

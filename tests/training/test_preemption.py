@@ -1,0 +1,109 @@
+"""Stopping on SIGTERM or Ctrl-C: a flag checked at step boundaries and between evaluation
+batches; on two processes, both stop at the same step with one complete checkpoint."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from transformer_nmt.training.preemption import StopRequest
+
+
+def test_a_signal_only_sets_the_flag():
+  stop = StopRequest()
+  with stop.watching():
+    assert not stop.requested() and not stop.should_stop(1)
+    os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
+    assert stop.requested() and stop.should_stop(2)
+    with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the old handlers are back
+
+
+def _wait_for(path: pathlib.Path, text: str, timeout: float = 240) -> None:
+  deadline = time.time() + timeout
+  while text not in (path.read_text() if path.exists() else ''):
+    assert time.time() < deadline, f'no {text!r} in {path}: {path.read_text()[-2000:]}'
+    time.sleep(0.2)
+
+
+def _losses(workdir: pathlib.Path) -> dict[int, float]:
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return {r['step']: r['train_loss'] for r in rows if 'train_loss' in r}
+
+
+@pytest.mark.slow
+def test_sigterm_during_evaluation_stops_it_and_saves(tmp_path):
+  workdir, log = tmp_path / 'run', tmp_path / 'stderr'
+  cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+         '--config.train.num_steps=1000', '--config.train.eval_every=4',
+         '--config.train.log_every=4', '--config.train.checkpoint_every=1000',
+         '--config.data.demo_sizes=(400,3000,20)', '--config.eval.bleu_sentences=0']
+  with open(log, 'w') as err:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+    _wait_for(log, 'step 4/1000')  # logged just before the evaluation of step 4 starts
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+  text = log.read_text()
+  assert 'Stopped on request: saved checkpoint at step 4' in text, text[-2000:]
+  assert 'eval at step 4' not in text and 'Traceback' not in text  # 3000 sentences: cut short
+  assert [p.name for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()] == ['4']
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _two_processes(workdir: pathlib.Path, logs: pathlib.Path, *flags: str) -> list:
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  address = f'127.0.0.1:{_free_port()}'
+  procs = []
+  for i in range(2):
+    with open(logs / f'stderr{i}', 'w') as err:
+      procs.append(subprocess.Popen(
+          [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
+           '--config.train.log_every=1', '--config.train.eval_every=1000',
+           '--config.train.checkpoint_every=1000', *flags, f'--coordinator_address={address}',
+           '--num_processes=2', f'--process_id={i}'],
+          cwd=ROOT, env=env, stderr=err, stdout=subprocess.DEVNULL))
+  return procs
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path):
+  workdir = tmp_path / 'mp'
+  procs = _two_processes(workdir, tmp_path, '--config.train.num_steps=1000')
+  _wait_for(tmp_path / 'stderr1', 'step 5/1000')
+  procs[1].send_signal(signal.SIGTERM)  # the other process is not told
+  codes = [p.wait(timeout=180) for p in procs]
+  logs = [(tmp_path / f'stderr{i}').read_text() for i in range(2)]
+  assert codes == [130, 130], [log[-2000:] for log in logs]
+  stops = [[line for line in log.splitlines() if 'Stopped on request' in line] for log in logs]
+  assert stops[0] and [s[0].split('step ')[-1] for s in stops] == \
+      [stops[0][0].split('step ')[-1]] * 2, stops
+  step = int(stops[0][0].split('step ')[1].split(';')[0])
+  saved = [p.name for p in (workdir / 'checkpoints').iterdir()]
+  assert [s for s in saved if s.isdigit()] == [str(step)], saved  # one complete checkpoint,
+  assert not [s for s in saved if 'tmp' in s], saved  # nothing unfinished beside it
+
+  # Resumed on two processes, the next steps' losses are those of an uninterrupted run.
+  end = f'--config.train.num_steps={step + 3}'
+  procs = _two_processes(workdir, tmp_path, end)
+  assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / 'stderr0').read_text()[-2000:]
+  straight = tmp_path / 'straight'
+  procs = _two_processes(straight, tmp_path, end)
+  assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / 'stderr0').read_text()[-2000:]
+  resumed, expected = _losses(workdir), _losses(straight)
+  later = range(step + 1, step + 4)
+  np.testing.assert_allclose([resumed[s] for s in later], [expected[s] for s in later], rtol=1e-6)
