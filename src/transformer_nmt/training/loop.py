@@ -214,6 +214,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   rng = jax.random.key(t.seed)
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
   logging.info('Model: %s parameters', f'{count_params(state.params):,}')
+  mesh = make_mesh(config)
+  if mesh.size > 1:
+    logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
+  placement = state_shardings(state, mesh)
+  # Placed before restoring: a checkpoint then restores straight into the mesh's shardings
+  # (restored arrays on one local device could not move to other hosts' devices).
+  state = jax.device_put(state, placement)
   ckpt = Checkpointer(Workdir(workdir).checkpoints, keep=t.keep_checkpoints)
   best = Checkpointer(Workdir(workdir).best, keep=1, best_metric='eval_bleu') if t.keep_best \
       else None
@@ -225,13 +232,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
     logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
-  mesh = make_mesh(config)
-  if mesh.size > 1:
-    logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   try:
-    placement = state_shardings(state, mesh)
-    _train_loop(exp, config, jax.device_put(state, placement), placement, data_position, mesh,
-                ckpt, best, writer, dropout_key, stop)
+    _train_loop(exp, config, state, placement, data_position, mesh, ckpt, best, writer,
+                dropout_key, stop)
   finally:
     ckpt.close()
     if best is not None:
