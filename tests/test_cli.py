@@ -159,7 +159,7 @@ def test_workdir_refusals_and_corrupt_checkpoint_fallback(tmp_path):
       blob.write_bytes(b'damaged')  # what a disk fault or a bad copy leaves
   # decode.py reads the newest checkpoint that reads back, and names a damaged one it is given
   fallback = run_decode(workdir, stdin='a small house\n')
-  assert fallback.returncode == 0 and fallback.stdout.strip(), fallback.stderr[-3000:]
+  assert fallback.returncode == 0 and fallback.stdout.count('\n') == 1, fallback.stderr[-3000:]
   assert 'is unreadable' in fallback.stderr and 'checkpoint step(s) [10]' in fallback.stderr
   _assert_clean_failure(run_decode(workdir, '--checkpoint', '20', stdin='x\n'),
                         'checkpoints/20 is unreadable')
@@ -269,7 +269,7 @@ def _mount_tmpfs(path: pathlib.Path, size: str) -> None:
 @pytest.mark.slow
 def test_a_full_disk_or_a_read_only_one_fails_in_one_line(tmp_path):
   disk = tmp_path / 'disk'
-  _mount_tmpfs(disk, '3M')  # room for the corpus and tokenizer, not for the checkpoints
+  _mount_tmpfs(disk, '700k')  # room for the corpus and tokenizer, not for the checkpoints
   try:
     full = run_train(disk / 'run')
     _assert_clean_failure(full, 'no space left on the disk')

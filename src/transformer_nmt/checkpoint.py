@@ -50,10 +50,27 @@ class Checkpointer:
            metrics: Optional[dict[str, float]] = None) -> None:
     """Starts an asynchronous save of `state` and `loop`; with `force`, also when `step` is
     already saved."""
+    self.check_for_errors()  # a failed earlier save (e.g. a full disk) stops the run
     if force and step in self._manager.all_steps():
       return
     payload = dict(_payload(state), loop=loop)
+    self._check_space(step, payload)
     self._manager.save(step, args=ocp.args.StandardSave(payload), force=force, metrics=metrics)
+
+  def _check_space(self, step: int, payload: Any) -> None:
+    """Refuses a save the disk has no room for, before it starts: a save that runs out of
+    space fails in Orbax's background threads, dozens of tracebacks later."""
+    needed = int(sum(x.nbytes for x in jax.tree_util.tree_leaves(payload)) * 1.1) + 2 ** 18
+    free = shutil.disk_usage(self.directory).free
+    if free < needed:
+      raise DataError(f'no space left on the disk for checkpoint {step}: it needs about '
+                      f'{needed / 1e6:.1f} MB in {self.directory}, {free / 1e6:.1f} MB are free; '
+                      "free some (a workdir's compile_cache/ can always be deleted) and run "
+                      'again to resume')
+
+  def check_for_errors(self) -> None:
+    """Raises the error of an asynchronous save that failed (e.g. on a full disk)."""
+    self._manager.check_for_errors()
 
   def metrics(self, step: int) -> Optional[dict[str, float]]:
     """The metrics saved with checkpoint `step` (None if it was saved without)."""

@@ -17,6 +17,54 @@ def quiet_logging() -> None:
   logging.getLogger('absl').setLevel(logging.WARNING)
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # 'no TPU' notice on CPU
   absl_logging.get_absl_handler().addFilter(_drop_read_only_notices)
+  absl_logging.get_absl_handler().addFilter(_one_line_from_libraries)
+  sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
+
+
+def _quiet_unraisable(hook: Callable[..., Any]) -> Callable[..., Any]:
+  """After a failed checkpoint read or write, TensorStore's callbacks for the operations
+  still pending find Orbax's event loop closed, and Python prints each one's RuntimeError as
+  an unraisable exception, a traceback apiece; the program reports the failure itself."""
+  def unraisable(info: Any) -> None:
+    if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == 'Event loop is closed':
+      return
+    hook(info)
+  return unraisable
+
+
+def _quiet_unraisable(hook: Callable[..., Any]) -> Callable[..., Any]:
+  """After a failed checkpoint read or write, TensorStore's callbacks for the operations
+  still pending find Orbax's event loop closed, and Python prints each one's RuntimeError as
+  an unraisable exception, a traceback apiece; the program reports the failure itself."""
+  def unraisable(info: Any) -> None:
+    if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == 'Event loop is closed':
+      return
+    hook(info)
+  return unraisable
+
+
+def _without_closed_loop_noise(hook: Callable[..., Any]) -> Callable[..., Any]:
+  """After a failed checkpoint read or write, TensorStore's callbacks for the operations
+  still pending find Orbax's event loop closed and each prints a RuntimeError traceback
+  (through sys.excepthook); the program has reported the failure itself."""
+  def excepthook(kind: type, value: BaseException, traceback: Any) -> None:
+    if kind is RuntimeError and str(value) == 'Event loop is closed':
+      return
+    hook(kind, value, traceback)
+  return excepthook
+
+
+def _one_line_from_libraries(record: logging.LogRecord) -> bool:
+  """Orbax's background save threads (and asyncio under them) log every failure with its
+  traceback, dozens for one full disk; the program reports the error itself in one line, so
+  their records keep their first line only."""
+  if record.exc_info and any(part in record.pathname for part in _CHATTY):
+    record.msg = str(record.getMessage()).splitlines()[0] if record.getMessage() else ''
+    record.args, record.exc_info, record.exc_text = None, None, None
+  return True
+
+
+_CHATTY = ('/orbax/', '/asyncio/', '/etils/')
 
 
 def _drop_read_only_notices(record: logging.LogRecord) -> bool:

@@ -224,22 +224,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ckpt = Checkpointer(Workdir(workdir).checkpoints, keep=t.keep_checkpoints)
   best = Checkpointer(Workdir(workdir).best, keep=1, best_metric='eval_bleu') if t.keep_best \
       else None
-  restored = ckpt.restore_latest_readable(state)
-  data_position, dropout_key = 0, jax.random.fold_in(rng, 1)
-  if restored is not None:
-    state, loop = restored
-    data_position = int(loop['data_position'])
-    dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
-    logging.info('Resumed from checkpoint at step %d', int(state.step))
   writer = MetricWriter(workdir_path, enabled=sharding.is_leader())
-  try:
+  try:  # the checkpointers are closed (their saves finished) however the run ends
+    restored = ckpt.restore_latest_readable(state)
+    data_position, dropout_key = 0, jax.random.fold_in(rng, 1)
+    if restored is not None:
+      state, loop = restored
+      data_position = int(loop['data_position'])
+      dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
+      logging.info('Resumed from checkpoint at step %d', int(state.step))
     _train_loop(exp, config, state, placement, data_position, mesh, ckpt, best, writer,
                 dropout_key, stop)
   finally:
-    ckpt.close()
-    if best is not None:
-      best.close()
-    writer.close()
+    with contextlib.ExitStack() as closing:  # each one closed, even when another one raises
+      closing.callback(writer.close)
+      if best is not None:
+        closing.callback(best.close)
+      closing.callback(ckpt.close)
 
 
 def make_mesh(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Any:
@@ -355,6 +356,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
           row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
                               final=step == t.num_steps))
           if best is not None:
+            ckpt.check_for_errors()  # no second save after a failed one (a full disk)
             best.save(step, state, loop_state(data_position, dropout_rng),
                       metrics={'eval_bleu': row['eval_bleu']})
       if row:
