@@ -196,7 +196,7 @@ class Translator:
     result: list[list[str]] = [[] for _ in lines]
     for i, text in zip(owner, texts):
       result[i].append(text)
-    return [' '.join(parts) for parts in result]
+    return [' '.join(part for part in parts if part) for parts in result]
 
   def _pieces(self, line: str, ids: list[int]) -> tuple[list[list[int]], int]:
     """A line's source ids in pieces of at most max_input_len - 1 tokens (EOS follows): whole
