@@ -28,7 +28,7 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the result into th
                                 'replacing its bench/faults.py section.')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STEPS = 200
+STEPS = 320
 FLAGS = ['--config', 'configs/tiny.py', f'--config.train.num_steps={STEPS}',
          '--config.train.log_every=1', '--config.train.checkpoint_every=4',
          '--config.train.eval_every=8', '--config.train.keep_checkpoints=3']
@@ -50,7 +50,7 @@ def interrupt(workdir: pathlib.Path, rng: random.Random) -> dict:
   """One round: run until a random number of further steps (and a random fraction of a
   second) has passed, send a random signal, wait for the process to end."""
   name = rng.choice(sorted(SIGNALS))
-  steps_ahead, extra = rng.randint(1, 12), rng.uniform(0.0, 1.5)
+  steps_ahead, extra = rng.randint(1, 10), rng.uniform(0.0, 1.5)
   proc = train(workdir)
   seen, target = [], None
   for line in proc.stderr:

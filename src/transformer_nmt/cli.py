@@ -32,28 +32,6 @@ def _quiet_unraisable(hook: Callable[..., Any]) -> Callable[..., Any]:
   return unraisable
 
 
-def _quiet_unraisable(hook: Callable[..., Any]) -> Callable[..., Any]:
-  """After a failed checkpoint read or write, TensorStore's callbacks for the operations
-  still pending find Orbax's event loop closed, and Python prints each one's RuntimeError as
-  an unraisable exception, a traceback apiece; the program reports the failure itself."""
-  def unraisable(info: Any) -> None:
-    if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == 'Event loop is closed':
-      return
-    hook(info)
-  return unraisable
-
-
-def _without_closed_loop_noise(hook: Callable[..., Any]) -> Callable[..., Any]:
-  """After a failed checkpoint read or write, TensorStore's callbacks for the operations
-  still pending find Orbax's event loop closed and each prints a RuntimeError traceback
-  (through sys.excepthook); the program has reported the failure itself."""
-  def excepthook(kind: type, value: BaseException, traceback: Any) -> None:
-    if kind is RuntimeError and str(value) == 'Event loop is closed':
-      return
-    hook(kind, value, traceback)
-  return excepthook
-
-
 def _one_line_from_libraries(record: logging.LogRecord) -> bool:
   """Orbax's background save threads (and asyncio under them) log every failure with its
   traceback, dozens for one full disk; the program reports the error itself in one line, so
