@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import pathlib
@@ -13,7 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from transformer_nmt.errors import DataError
+from transformer_nmt.files import write_atomically
 
+CHECKSUMS = 'checksums.json'  # in each step directory, written once the save has finished
 QUARANTINE = 'quarantine'  # where unreadable checkpoints go, inside the checkpoint directory
 
 
@@ -37,6 +41,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                            read_only=read_only, **best)
     self.directory = pathlib.Path(os.path.abspath(directory))
+    self.read_only = read_only
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_handlers=ocp.StandardCheckpointHandler())
 
@@ -51,6 +56,7 @@ class Checkpointer:
     """Starts an asynchronous save of `state` and `loop`; with `force`, also when `step` is
     already saved."""
     self.check_for_errors()  # a failed earlier save (e.g. a full disk) stops the run
+    self._seal_finished()
     if force and step in self._manager.all_steps():
       return
     payload = dict(_payload(state), loop=loop)
@@ -60,7 +66,8 @@ class Checkpointer:
   def _check_space(self, step: int, payload: Any) -> None:
     """Refuses a save the disk has no room for, before it starts: a save that runs out of
     space fails in Orbax's background threads, dozens of tracebacks later."""
-    needed = int(sum(x.nbytes for x in jax.tree_util.tree_leaves(payload)) * 1.1) + 2 ** 18
+    arrays = sum(getattr(x, 'nbytes', 8) for x in jax.tree_util.tree_leaves(payload))
+    needed = int(arrays * 1.1) + 2 ** 18  # Orbax's metadata on top of the arrays
     free = shutil.disk_usage(self.directory).free
     if free < needed:
       raise DataError(f'no space left on the disk for checkpoint {step}: it needs about '
@@ -122,10 +129,34 @@ class Checkpointer:
     self._manager.reload()
     return target
 
+  def _seal_finished(self) -> None:
+    """Writes the checksums of every finished save that has none yet (process 0 only)."""
+    if self.read_only or jax.process_index() != 0:
+      return
+    for step in self._manager.all_steps():
+      step_dir = self.directory / str(step)
+      if step_dir.is_dir() and not (step_dir / CHECKSUMS).exists():
+        write_atomically(step_dir / CHECKSUMS, json.dumps(_digests(step_dir), indent=0))
+
+  def verify(self, step: int) -> None:
+    """Raises DataError when a file of checkpoint `step` no longer matches the checksum
+    written after its save (Orbax's format checks its index, not every array's bytes)."""
+    step_dir = self.directory / str(step)
+    sums = step_dir / CHECKSUMS
+    if not sums.exists():  # sealed at the next save or at close; older runs had none
+      return
+    expected, found = json.loads(sums.read_text()), _digests(step_dir)
+    changed = sorted(name for name in set(expected) | set(found)
+                     if expected.get(name) != found.get(name))
+    if changed:
+      raise DataError(f'checkpoint {step_dir} does not match its checksums ({len(changed)} '
+                      f'file(s) changed or missing, e.g. {changed[0]})')
+
   def restore(self, state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
     """(state, loop) restored into the structure (and shardings) of `state`; latest step by
-    default."""
+    default. The checkpoint's checksums are verified first."""
     step = self.latest_step() if step is None else step
+    self.verify(step)
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
     abstract['loop'] = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct,
                                               loop_state(0, jax.random.key(0)))
@@ -139,6 +170,7 @@ class Checkpointer:
     The target is built from the checkpoint's own metadata on one local device, so a
     checkpoint written by any number of devices or hosts restores here.
     """
+    self.verify(step)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree_util.tree_map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
@@ -148,7 +180,14 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.wait_until_finished()
+    self._seal_finished()
     self._manager.close()
+
+
+def _digests(step_dir: pathlib.Path) -> dict[str, str]:
+  """SHA-256 of every file of a checkpoint directory but the checksum file itself."""
+  return {str(p.relative_to(step_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(step_dir.rglob('*')) if p.is_file() and p.name != CHECKSUMS}
 
 
 def describe(error: Exception) -> str:

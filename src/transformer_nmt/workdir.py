@@ -4,7 +4,9 @@
   WORKDIR/lock               held by the train.py that runs on the workdir (an OS file lock)
   WORKDIR/spm.model          the joint SentencePiece model (spm.src.model and spm.tgt.model
                              when data.joint_vocab=False)
-  WORKDIR/checkpoints/<step> Orbax checkpoints, the last train.keep_checkpoints kept
+  WORKDIR/checkpoints/<step> Orbax checkpoints, the last train.keep_checkpoints kept, each
+                             with checksums.json once its save has finished; unreadable ones
+                             are moved to checkpoints/quarantine/<step>
   WORKDIR/best/<step>        the checkpoint of best validation BLEU (train.keep_best)
   WORKDIR/metrics.jsonl      one JSON object per logged step
   WORKDIR/tensorboard/       TensorBoard event files
