@@ -25,6 +25,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer_nmt.cli import config_flag_parser, main_running  # noqa: E402
+from transformer_nmt.config import DECODE  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (Python).')
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU slice, e.g. v5e:4x4, v5p:4x4x4.')
@@ -34,7 +35,7 @@ _BATCH = flags.DEFINE_integer('batch', 0, 'Global rows per step; 0 = the config\
                               '--length, rounded down to a multiple of the chips.')
 _DECODE = flags.DEFINE_bool('decode', False, 'Compile the encoder and one decoder step of beam '
                             'search instead of the train step.')
-_BEAM = flags.DEFINE_integer('beam_size', 4, 'With --decode: beams per sentence.')
+_BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'With --decode: beams per sentence.')
 _CACHE = flags.DEFINE_integer('cache_length', 0, 'With --decode: self-attention cache '
                               'positions; 0 = --length + decode.max_extra_len.')
 _BUDGET = flags.DEFINE_float('budget', 1.0, 'Fraction of the chip\'s HBM the program may use.')
@@ -97,7 +98,7 @@ def _over_budget(report: dict) -> str:
 
 def run() -> None:
   from transformer_nmt import aot
-  from transformer_nmt.training.loop import validate_config
+  from transformer_nmt.config import validate_config
   config = _CONFIG.value
   validate_config(config)
   devices, chip = aot.topology_devices(_TOPOLOGY.value)

@@ -84,6 +84,8 @@ def _check_output(path: str, sources: dict[str, str]) -> None:
   out = pathlib.Path(path).absolute()
   if out.is_dir():
     raise DataError(f'--output={path} is a directory')
+  if out.exists() and not out.is_file():  # a device or pipe: replacing it would be wrong
+    raise DataError(f'--output={path} is not a regular file; use --output=- for stdout')
   if not out.parent.is_dir():
     raise DataError(f'--output={path}: the directory {out.parent} does not exist')
   if not os.access(out.parent, os.W_OK):

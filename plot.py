@@ -37,7 +37,8 @@ def run() -> None:
     from transformer_nmt.decoding.translator import Translator, load_workdir
     model = load_workdir(workdir)
     lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
-    decode = dataclasses.replace(model.decode, beam_size=_BEAM.value or model.decode.beam_size)
+    beam = model.decode.beam_size if _BEAM.value is None else _BEAM.value
+    decode = dataclasses.replace(model.decode, beam_size=beam).validate()
     translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
     hyps = translator.translate_lines(model.params, lines)
     paths += plots.plot_cross_attention(model, lines, hyps, out, _SENTENCES.value)

@@ -21,6 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
+from transformer_nmt.config import DECODE
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -28,7 +29,8 @@ _RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md', 'Markdown file to a
 _PLOTS = flags.DEFINE_string('plots_dir', 'docs/plots', 'PNGs go to PLOTS_DIR/<workdir name>/.')
 _BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the alpha search and the test '
                              'sets (default: the config\'s decode.beam_size).')
-_ALPHAS = flags.DEFINE_list('alphas', ['0.6', '1.0'], 'Length penalties tried on validation.')
+_ALPHAS = flags.DEFINE_list('alphas', [str(DECODE.alpha), '1.0'],
+                            'Length penalties tried on validation.')
 _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
                                      '(default: the config\'s decode.tokens_per_batch).')
@@ -41,7 +43,8 @@ def checked_run() -> None:
     alphas = [float(a) for a in _ALPHAS.value]
   except ValueError:
     fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
-  if (_BEAM.value or 1) < 1 or (_BATCH_TOKENS.value or 1) < 1 or _AVERAGE.value < 0:
+  if any(v is not None and v < 1 for v in (_BEAM.value, _BATCH_TOKENS.value)) or \
+      _AVERAGE.value < 0:
     fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
   run(alphas)
 
@@ -68,8 +71,8 @@ def run(alphas: list[float]) -> None:
 
   t0 = time.time()
   decode = validate_config(config).decode
-  decode = dataclasses.replace(decode, beam_size=_BEAM.value or decode.beam_size,
-                               tokens_per_batch=_BATCH_TOKENS.value or decode.tokens_per_batch)
+  given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
+  decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
   selection, translator = report.select(workdir, *valid, decode=decode, alphas=alphas,
                                         average_last=_AVERAGE.value, log=logging.info)
   model, scored = selection.model, []

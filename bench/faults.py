@@ -71,7 +71,8 @@ def interrupt(workdir: pathlib.Path, rng: random.Random) -> dict:
 
 
 def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
-  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  from transformer_nmt.workdir import Workdir
+  rows = [json.loads(line) for line in Workdir(workdir).metrics.read_text().splitlines()]
   return [(r['step'], r['train_loss']) for r in rows if 'train_loss' in r]
 
 
@@ -104,8 +105,13 @@ def main(argv):
     equal_losses = all(np.isclose(loss, expected[step], rtol=1e-6) for step, loss in logged)
     same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)),
                                   final_params(faulted), final_params(reference))
-    quarantined = faulted / 'checkpoints' / 'quarantine'
-    survived = sum(1 for r in rounds if not r['traceback'] and r['code'] in (-9, 130, 0))
+    from transformer_nmt.checkpoint import QUARANTINE
+    from transformer_nmt.workdir import Workdir
+    quarantined = Workdir(faulted).checkpoints / QUARANTINE
+    expected_code = {'SIGKILL': -9, 'SIGTERM': 130, 'SIGINT': 130}
+    survived = sum(1 for i, r in enumerate(rounds)
+                   if not r['traceback'] and (i == 0 or r['resumed'])
+                   and (r['code'] == expected_code[r['signal']] or r['finished']))
   counts = {name: sum(r['signal'] == name for r in rounds) for name in SIGNALS}
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/faults.py "
           f"{shlex.join(sys.argv[1:])}`\n\n"

@@ -237,7 +237,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
 def test_unusable_workdirs_and_config_files_fail_in_one_line(tmp_path):
   a_file = tmp_path / 'file'
   a_file.write_text('not a directory')
-  _assert_clean_failure(run_train(a_file), 'file')
+  _assert_clean_failure(run_train(a_file), 'is a file, not a directory')
   assert a_file.read_text() == 'not a directory'
   broken = tmp_path / 'broken.py'
   broken.write_text('def get_config():\n  raise RuntimeError("no such corpus")\n')
@@ -253,7 +253,7 @@ def test_a_corpus_of_empty_lines_fails_in_one_line(tmp_path):
   files = [f'--config.data.{split}_{side}={tmp_path}/e.{lang}' for split in ('train', 'valid')
            for side, lang in (('src', 'en'), ('tgt', 'de'))]
   result = run_train(tmp_path / 'run', '--config.data.source=text', *files)
-  _assert_clean_failure(result, 'empty')
+  _assert_clean_failure(result, 'every training line is empty')
 
 
 def _mount_tmpfs(path: pathlib.Path, size: str) -> None:

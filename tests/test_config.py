@@ -1,12 +1,9 @@
-import dataclasses
 import importlib
 
 import pytest
 
 from transformer_nmt.config import (
   DECODE,
-  DecodeConfig,
-  ModelConfig,
   default_config,
   migrate,
   model_config_from_dict,
@@ -76,15 +73,25 @@ def test_model_config_rejects_unknown_keys():
     model_config_from_dict({'d_modle': 512})
 
 
-def test_defaults_come_from_the_typed_sections():
+def test_defaults_are_the_papers_and_every_section_is_there():
   c = default_config()
-  model_defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-  assert all(model_defaults[k] == v for k, v in c.model.items())
+  assert sorted(c) == ['data', 'decode', 'eval', 'model', 'train']
   assert 'vocab_size' not in c.model  # the tokenizer decides it
-  typed = validate_config(c)
-  assert typed.decode == DECODE == DecodeConfig()
+  assert (c.model.num_layers, c.model.d_model, c.model.d_ff, c.model.num_heads) == (6, 512, 2048,
+                                                                                     8)
   assert (DECODE.beam_size, DECODE.alpha, DECODE.max_extra_len) == (4, 0.6, 50)  # paper §6.1
-  assert typed.data.tfds_splits == ('train', 'validation', 'test')
+  assert c.train.warmup_steps == 4000 and c.train.label_smoothing == 0.1  # eq. 3, §5.4
+  assert validate_config(c).data.tfds_splits == ('train', 'validation', 'test')
+
+
+@pytest.mark.parametrize('section, value, message', [
+    ('decode', {'beam_size': 2.5}, 'decode.beam_size=2.5 should be of type int'),
+    ('decode', {'chunk': None}, 'decode.chunk=None should be of type int'),
+    ('eval', None, "config section 'eval' must be a mapping"),
+])
+def test_stored_configs_with_bad_values_are_refused(section, value, message):
+  with pytest.raises(ConfigError, match=message):
+    validate_config({section: value})
 
 
 def test_typed_sections_carry_overrides():

@@ -53,8 +53,8 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, loop: dict[str, np.ndarray], force: bool = False,
            metrics: Optional[dict[str, float]] = None) -> None:
-    """Starts an asynchronous save of `state` and `loop`; with `force`, also when `step` is
-    already saved."""
+    """Starts an asynchronous save of `state` and `loop`. With `force`, a step that is already
+    saved is left as it is (an interrupted run saves its last step, which may be saved)."""
     self.check_for_errors()  # a failed earlier save (e.g. a full disk) stops the run
     self._seal_finished()
     if force and step in self._manager.all_steps():
@@ -118,10 +118,12 @@ class Checkpointer:
     wait for it) and returns where it went."""
     source = self.directory / str(step)
     target = self.directory / QUARANTINE / str(step)
+    for n in range(1, 1000):  # quarantined before: keep that copy too
+      if not target.exists():
+        break
+      target = self.directory / QUARANTINE / f'{step}.{n}'
     if jax.process_index() == 0 and source.exists():
       target.parent.mkdir(exist_ok=True)
-      if target.exists():  # quarantined before: keep the newest damage only
-        shutil.rmtree(target)
       os.replace(source, target)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils

@@ -154,9 +154,9 @@ def file_system_error(error: BaseException) -> Optional[str]:
               '(a workdir\'s compile_cache/ can always be deleted) and run again to resume')
     if isinstance(error, OSError) and error.errno in _FILE_SYSTEM_ERRNOS:
       return f'{error.filename or "a file"}: {error.strerror}'
-    error = error.__cause__ or error.__context__
+    error = error.__cause__  # explicit wrapping only: a bug met while handling one is a bug
   return None
 
 
 _FILE_SYSTEM_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
-                       errno.EEXIST, errno.ENOENT, errno.EDQUOT}
+                       errno.EDQUOT}

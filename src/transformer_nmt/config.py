@@ -287,7 +287,8 @@ def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
             for name, values in _to_dict(config).items()}
   for old, new in _MOVED.items():
     (old_section, old_key), (new_section, new_key) = old.split('.'), new.split('.')
-    if old_key in config.get(old_section, {}):
+    section = config.get(old_section)
+    if isinstance(section, dict) and old_key in section:
       config.setdefault(new_section, {})[new_key] = config[old_section].pop(old_key)
   return config
 
@@ -320,20 +321,24 @@ def check_sections(config: Mapping[str, Any], schema: Mapping[str, Mapping[str, 
   """
   for section, values in config.items():
     _check(section in schema, f'unknown config section {section!r}; valid: {sorted(schema)}')
+    _check(isinstance(values, Mapping), f'config section {section!r} must be a mapping of '
+           f'options, not {values!r}')
     for key, value in dict(values).items():
       moved = _MOVED.get(f'{section}.{key}')
       _check(not moved, f'{section}.{key} is now {moved}')
       _check(key in schema[section],
              f'unknown option {section}.{key}; valid: {sorted(schema[section])}')
       default = schema[section][key]
-      if default is not None and value is not None and not _same_kind(default, value):
+      if default is not None and not _same_kind(default, value):
         raise ConfigError(f'{section}.{key}={value!r} should be of type {type(default).__name__}')
 
 
 def _same_kind(default: Any, value: Any) -> bool:
   if isinstance(default, bool) or isinstance(value, bool):
     return isinstance(default, bool) == isinstance(value, bool)
-  if isinstance(default, (int, float)):
+  if isinstance(default, int):  # counts and sizes: a float would slip past every check
+    return isinstance(value, int)
+  if isinstance(default, float):
     return isinstance(value, (int, float))
   if isinstance(default, (list, tuple)):
     return isinstance(value, (list, tuple))

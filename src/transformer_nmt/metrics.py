@@ -21,6 +21,11 @@ class MetricWriter:
     self.path = Workdir(workdir).metrics
     self.enabled = enabled
     self._tb = None
+    if enabled and self.path.exists() and self.path.stat().st_size:
+      with self.path.open('rb+') as f:  # a run killed mid-row left it unfinished: end it
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b'\n':
+          f.write(b'\n')
     if enabled:
       from tensorboardX import SummaryWriter  # imported lazily: only the writer needs it
       self._tb = SummaryWriter(str(Workdir(workdir).tensorboard))

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
+from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.translator import LoadedModel, Translator, load_workdir
 from transformer_nmt.files import write_atomically
@@ -62,7 +63,9 @@ def checkpoint_candidates(workdir: str | os.PathLike,
                           average_last: int) -> list[tuple[str, Loader]]:
   """(label, loader) for the latest checkpoint, the average of the last N and the best one."""
   candidates = [('latest', lambda: load_workdir(workdir))]
-  available = len(list(Workdir(workdir).checkpoints.glob('[0-9]*')))
+  steps = Checkpointer(Workdir(workdir).checkpoints, read_only=True)
+  available = len(steps.all_steps())  # finished saves only, not a killed run's temporaries
+  steps.close()
   n = min(average_last, available)
   if n > 1:
     candidates.append((f'average of last {n}', lambda: load_workdir(workdir, average_last=n)))
@@ -87,7 +90,7 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   for label, load in checkpoint_candidates(workdir, average_last):
     model = load()
     greedy = greedy or Translator(model.cfg, model.src_tok, model.tgt_tok,
-                                  dataclasses.replace(decode, beam_size=1))
+                                  dataclasses.replace(decode, beam_size=1, temperature=0.0))
     bleu = score(greedy, model, sources, references).bleu
     log(f'validation: {label} (steps {model.steps}), greedy: BLEU {bleu:.2f}')
     table.append((label, 'greedy', bleu))
@@ -98,7 +101,7 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   chosen = (greedy_bleu, 1, 0.0, greedy)
   for alpha in alphas:
     beam = Translator(model.cfg, model.src_tok, model.tgt_tok,
-                      dataclasses.replace(decode, alpha=alpha))
+                      dataclasses.replace(decode, alpha=alpha, temperature=0.0))
     bleu = score(beam, model, sources, references).bleu
     log(f'validation: {label}, beam {beam_size} alpha {alpha}: BLEU {bleu:.2f}')
     table.append((label, f'beam {beam_size}, alpha {alpha}', bleu))

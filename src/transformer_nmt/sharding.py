@@ -19,7 +19,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_nmt.errors import ConfigError
+from transformer_nmt.errors import ConfigError, UserError
 
 DATA_AXIS, FSDP_AXIS = 'data', 'fsdp'
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)  # batch rows are split over the whole mesh
@@ -180,6 +180,29 @@ def barrier(name: str) -> None:
 def is_leader() -> bool:
   """Process 0 writes shared files (tokenizer, config, metrics) for everyone."""
   return jax.process_index() == 0
+
+
+def on_leader(action: Callable[[], Any]) -> None:
+  """Runs `action` on process 0 only; a UserError it raises is raised on every process, so
+  that a refusal there (a busy workdir, another model's checkpoints) stops all processes
+  instead of leaving the others waiting for process 0 at their next collective."""
+  message, refusal = '', None
+  if is_leader():
+    try:
+      action()
+    except UserError as e:
+      message, refusal = str(e), e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    raw = np.zeros(4096, np.uint8)
+    encoded = np.frombuffer(message.encode()[:4096], np.uint8)
+    raw[:len(encoded)] = encoded
+    message = bytes(multihost_utils.broadcast_one_to_all(raw)).rstrip(b'\0').decode(
+        errors='replace')
+  if refusal is not None:
+    raise refusal
+  if message:
+    raise UserError(message)
 
 
 def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int,

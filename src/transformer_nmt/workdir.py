@@ -93,8 +93,10 @@ class Workdir:
     """Holds the workdir for one training run: an OS file lock on WORKDIR/lock, which the
     kernel releases when the process ends however it ends (kill -9 leaves no stale lock).
 
-    Raises DataError naming the process that holds it, or why the workdir cannot be used.
+    Raises DataError naming the process that holds it, or why the workdir cannot be used. A
+    workdir that the lock created is removed again when the run fails before writing into it.
     """
+    created = not self.root.exists()
     try:
       self.root.mkdir(parents=True, exist_ok=True)
       handle = open(self.root / 'lock', 'a+', encoding='utf-8')
@@ -112,7 +114,14 @@ class Workdir:
       handle.truncate()
       handle.write(f'{os.getpid()}\n')
       handle.flush()
-      yield
+      try:
+        yield
+      except BaseException:
+        if created:  # e.g. a data error: leave no empty workdir behind
+          (self.root / 'lock').unlink(missing_ok=True)
+          with contextlib.suppress(OSError):
+            self.root.rmdir()  # only if nothing else was written
+        raise
     finally:
       handle.close()  # closing releases the lock
 
@@ -134,7 +143,13 @@ class Workdir:
     return None
 
   def read_config(self) -> dict[str, Any]:
-    return json.loads(self.config.read_text(encoding='utf-8'))
+    try:
+      stored = json.loads(self.config.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise DataError(f'{self.config} is damaged: {e}') from None
+    if not isinstance(stored, dict):
+      raise DataError(f'{self.config} is damaged: not a JSON object')
+    return stored
 
   def read_sections(self) -> Sections:
     """The typed sections of the run's config (options of older versions under their new
@@ -146,7 +161,10 @@ class Workdir:
 
   def read_model_config(self) -> ModelConfig:
     """The model as trained (vocabulary sizes included)."""
-    return ModelConfig(**self.read_config()[RESOLVED_MODEL])
+    try:
+      return ModelConfig(**self.read_config()[RESOLVED_MODEL])
+    except (KeyError, TypeError) as e:
+      raise DataError(f'{self.config} has no usable {RESOLVED_MODEL!r} entry ({e})') from None
 
   def check_tokenizers(self, fingerprints: Optional[dict[str, str]] = None) -> None:
     """Refuses tokenizer files that are not the ones this run's checkpoints were trained with

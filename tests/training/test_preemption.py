@@ -18,13 +18,14 @@ from transformer_nmt.training.preemption import StopRequest
 
 def test_a_signal_only_sets_the_flag():
   stop = StopRequest()
+  before = signal.getsignal(signal.SIGTERM)
   with stop.watching():
     assert not stop.requested() and not stop.should_stop(1)
     os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
     assert stop.requested() and stop.should_stop(2)
     with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C stops at once
       os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the old handlers are back
+  assert signal.getsignal(signal.SIGTERM) is before  # the old handlers are back
 
 
 def _wait_for(path: pathlib.Path, text: str, timeout: float = 240) -> None:

@@ -82,9 +82,9 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
   A joint vocabulary is one model trained on source and target text (paper §5.1); otherwise
   each side gets its own model. Only process 0 trains; the others load its files.
   """
-  leader = _tokenizers(data_cfg, corpus, workdir) if sharding.is_leader() else None
-  sharding.barrier('tokenizers written')
-  return leader or _tokenizers(data_cfg, corpus, workdir)
+  trained: list = []
+  sharding.on_leader(lambda: trained.append(_tokenizers(data_cfg, corpus, workdir)))
+  return trained[0] if trained else _tokenizers(data_cfg, corpus, workdir)
 
 
 def _tokenizers(data_cfg: Any, corpus: Corpus,

@@ -15,11 +15,13 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.translator import Translator
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.training.preemption import Stopped
 from transformer_nmt.training.steps import eval_step
 
 
-class EvaluationInterrupted(Exception):
-  """An evaluation given up between batches because the run was asked to stop."""
+class EvaluationInterrupted(Stopped):
+  """An evaluation given up between batches because the run was asked to stop (a Stopped:
+  where nothing catches it, the program exits with code 130)."""
 
 
 @dataclasses.dataclass

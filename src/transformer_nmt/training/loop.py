@@ -68,17 +68,16 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
                       'set data.pack_length (e.g. 256) so that every process builds batches of '
                       'the same shape')
+  if hold is not None:  # before anything is read or written (see Workdir.lock)
+    sharding.on_leader(lambda: hold.enter_context(Workdir(workdir).lock()))
   corpus = corpus_lib.read_corpus(config.data, workdir)
-  if hold is not None and sharding.is_leader():
-    hold.enter_context(Workdir(workdir).lock())
   workdir.mkdir(parents=True, exist_ok=True)
   Workdir(workdir).check_tokenizers()  # before a missing one would be trained anew
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
   model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
                                      src_vocab_size=src_tok.vocab_size)
-  if sharding.is_leader():
-    _check_and_write_config(config, model_cfg, workdir,
-                            {'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
+  sharding.on_leader(lambda: _check_and_write_config(
+      config, model_cfg, workdir, {'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint}))
   splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, name == 'train')
             for name, lines in (('train', corpus.train), ('valid', corpus.valid),
                                 ('test', corpus.test)) if lines is not None}

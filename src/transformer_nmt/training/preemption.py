@@ -49,9 +49,9 @@ class StopRequest:
   def _on_signal(self, signum: int, frame: Any) -> None:
     del frame
     if self.multi_process:  # let the preemption service tell every process
-      if not self._flag:
-        self._flag = True
-        os.kill(os.getpid(), signal.SIGTERM)
+      self._flag = True
+      signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: at once
+      os.kill(os.getpid(), signal.SIGTERM)
       return
     if self._flag and signum == signal.SIGINT:
       raise KeyboardInterrupt  # a second Ctrl-C: stop now (the loop still saves its state)
