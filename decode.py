@@ -1,11 +1,15 @@
 """Translate with a trained workdir: python decode.py --workdir DIR --input FILE --output FILE
 
-Reads FILE (or stdin), writes one line per input line (empty lines stay empty), and with
---reference prints sacreBLEU with its signature and chrF.
+Reads FILE (or stdin) in blocks of --buffer_lines, translates each block and writes its lines
+before reading the next (one output line per input line; empty lines stay empty), so memory
+stays bounded and a terminal gets each typed line back at once. With --reference it reads
+the input whole and prints sacreBLEU with its signature and chrF.
 """
 
+import contextlib
 import sys
 import time
+from typing import IO, Iterator, Optional
 
 from absl import app, flags
 
@@ -61,6 +65,10 @@ _OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'com
               'chunk': _CHUNK, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
               'max_input_len': _MAX_INPUT,
               'temperature': _TEMPERATURE, 'top_k': _TOP_K, 'seed': _SEED}
+DEFAULT_BUFFER = 2000  # lines per block of a file or pipe: memory stays bounded by a block
+_BUFFER = flags.DEFINE_integer('buffer_lines', 0, 'Lines read, translated and written per block '
+                               f'(0: 1 when stdin is a terminal, so that a typed line is '
+                               f'translated at once, else {DEFAULT_BUFFER}).')
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
 _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
@@ -97,28 +105,53 @@ def _check_output(path: str, sources: dict[str, str]) -> None:
       raise DataError(f'--output={path} is also the {flag} file: it would be overwritten')
 
 
-def _write(path: str, lines: list[str]) -> None:
-  text = ''.join(line + '\n' for line in lines)
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[str]]:
+  """stdout, or a file written through a temporary one and renamed at the end, so that it is
+  never left half-written (an interrupted run leaves the old file as it was)."""
   if path == '-':
-    sys.stdout.write(text)
+    yield sys.stdout
     return
-  from transformer_nmt.files import write_atomically
-  write_atomically(path, text)  # never a half-written output file
+  from transformer_nmt.files import atomic_output
+  with atomic_output(path) as f:
+    yield f
+
+
+def _input_blocks(path: str, size: int) -> Iterator[list[str]]:
+  """The input in blocks of `size` lines (0: one line at a time from a terminal, else
+  DEFAULT_BUFFER); the file is opened now, so that a missing one fails before any work."""
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.errors import DataError
+  if path == '-':
+    stream, name = sys.stdin.buffer, '<stdin>'
+  else:
+    try:
+      stream, name = open(path, 'rb'), path
+    except OSError as e:
+      raise DataError(f'{path}: cannot read ({e.strerror})') from None
+  if size == 0:
+    size = 1 if path == '-' and sys.stdin.isatty() else DEFAULT_BUFFER
+  return data_lib.line_blocks(stream, name, size)
 
 
 class _Progress:
-  """Prints 'translated n/N' to stderr about every 10% of a file."""
+  """Prints 'translated n[/N] sentences' to stderr about every 10% of a known total, or
+  every 10 seconds of a stream."""
 
-  def __init__(self, total: int, enabled: bool):
+  def __init__(self, total: Optional[int], enabled: bool):
     self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.time()
-    self.next = max(1, total // 10)
+    self.next = max(1, total // 10) if total else 0
+    self.next_time = self.t0 + 10.0
 
   def __call__(self, n: int) -> None:
     self.done += n
-    if self.enabled and self.done >= self.next:
+    due = self.done >= self.next if self.total else time.time() >= self.next_time
+    if self.enabled and due:
       rate = self.done / max(time.time() - self.t0, 1e-9)
-      print(f'translated {self.done}/{self.total} sentences ({rate:.1f}/s)', file=sys.stderr)
-      self.next += max(1, self.total // 10)
+      of = f'/{self.total}' if self.total else ''
+      print(f'translated {self.done}{of} sentences ({rate:.1f}/s)', file=sys.stderr)
+      self.next += max(1, (self.total or 0) // 10)
+      self.next_time = time.time() + 10.0
 
 
 def _settings(run: DecodeConfig) -> DecodeConfig:
@@ -137,14 +170,17 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 
 
 def run() -> None:
-  from transformer_nmt import metrics
   from transformer_nmt.decoding.translator import Translator, load_workdir
   from transformer_nmt.errors import DataError
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value})
-  lines = _read(_INPUT.value)
-  refs = _read(_REFERENCE.value) if _REFERENCE.value else None
-  if refs is not None and len(refs) != len(lines):
-    raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(lines)}')
+  whole = None  # scoring needs every line: then the input is read whole and checked first
+  if _REFERENCE.value:
+    whole, refs = _read(_INPUT.value), _read(_REFERENCE.value)
+    if len(refs) != len(whole):
+      raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(whole)}')
+  if _BUFFER.value < 0:
+    raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
+  blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
   _settings(DECODE)  # a bad flag fails before the model loads
   if _COMPILE_CACHE.value:  # before loading, which compiles too
     from transformer_nmt.workdir import Workdir
@@ -156,25 +192,42 @@ def run() -> None:
             f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
   print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
+  progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
-  hyps = translator.translate_lines(model.params, lines, _Progress(len(lines), _INPUT.value != '-'))
-  seconds = time.time() - t0
-  _write(_OUTPUT.value, hyps)
-  tokens = sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
-  print(f'{len(lines)} sentences in {seconds:.1f} s (compilation included): '
-        f'{len(lines) / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
+  count = tokens = 0
+  kept: list[tuple[str, str]] = []  # (source, translation) for scoring and plots
+  with _output(_OUTPUT.value) as out:
+    for block in blocks:
+      hyps = translator.translate_lines(model.params, block, progress)
+      out.write(''.join(h + '\n' for h in hyps))
+      out.flush()  # a block's translations are out before the next block is read
+      count += len(block)
+      tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
+      if whole is not None:
+        kept += zip(block, hyps)
+      elif _PLOT.value:  # the first sentences only
+        kept += list(zip(block, hyps))[:max(_PLOT_COUNT.value - len(kept), 0)]
+  seconds = max(time.time() - t0, 1e-9)
+  print(f'{count} sentences in {seconds:.1f} s (compilation included): '
+        f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
         file=sys.stderr)
-  if refs is not None:
-    bleu, signature = metrics.corpus_bleu(hyps, refs)
-    chrf, chrf_signature = metrics.corpus_chrf(hyps, refs)
-    print(f'sacreBLEU {bleu:.2f}  {signature}\nchrF {chrf:.2f}  {chrf_signature}')
-    if _TOKENIZED.value:
-      print(f'tokenized BLEU (paper-style: 13a tokens + compound splitting; not sacreBLEU) '
-            f'{metrics.tokenized_bleu(hyps, refs):.2f}')
+  if whole is not None:
+    _score([h for _, h in kept], refs)
   if _PLOT.value:
     from transformer_nmt.plots import plot_cross_attention
+    lines, hyps = [s for s, _ in kept], [h for _, h in kept]
     for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
       print(f'wrote {path}', file=sys.stderr)
+
+
+def _score(hyps: list[str], refs: list[str]) -> None:
+  from transformer_nmt import metrics
+  bleu, signature = metrics.corpus_bleu(hyps, refs)
+  chrf, chrf_signature = metrics.corpus_chrf(hyps, refs)
+  print(f'sacreBLEU {bleu:.2f}  {signature}\nchrF {chrf:.2f}  {chrf_signature}')
+  if _TOKENIZED.value:
+    print(f'tokenized BLEU (paper-style: 13a tokens + compound splitting; not sacreBLEU) '
+          f'{metrics.tokenized_bleu(hyps, refs):.2f}')
 
 
 if __name__ == '__main__':

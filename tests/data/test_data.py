@@ -141,3 +141,14 @@ def test_trim_rows_cuts_filler_rows_to_a_power_of_two():
   plans.append(BatchPlan(np.arange(20), 64, 16))
   assert [p.rows for p in trim_rows(plans)][-1] == 32
   assert [p.rows for p in trim_rows(plans, power_of_two=False)] == [8, 64, 8, 4, 24]
+
+
+def test_line_blocks_hand_out_blocks_and_name_a_bad_line():
+  import io
+  stream = io.BytesIO(b'one\ntwo \n\nfour\r\nfive')
+  assert list(data_lib.line_blocks(stream, 'in', 2)) == [['one', 'two'], ['', 'four'], ['five']]
+  assert list(data_lib.line_blocks(io.BytesIO(b''), 'in', 3)) == []
+  blocks = data_lib.line_blocks(io.BytesIO(b'ok\nok\nbad \xff\n'), 'in.en', 2)
+  assert next(blocks) == ['ok', 'ok']  # the first block is out before the bad line is read
+  with pytest.raises(DataError, match='in.en:3: invalid UTF-8'):
+    next(blocks)

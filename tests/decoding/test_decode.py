@@ -186,3 +186,24 @@ def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.count('\n') == 1  # one line out for the one line in
   assert '1 line(s) over decode.max_input_len=64' in result.stderr
+
+
+def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded, test_lines):
+  lines = test_lines[:7] + [''] + test_lines[7:12]  # 13 lines, one of them empty
+  src = tmp_path / 'in.en'
+  src.write_text('\n'.join(lines) + '\n')
+  decode = DecodeConfig(beam_size=2, max_extra_len=5)
+  whole = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode).translate_lines(
+      loaded.params, lines)
+  for block in ('1', '5', '0'):
+    out = tmp_path / f'out{block}.de'
+    result = run_decode('--workdir', str(tiny_workdir), '--input', str(src), '--output', str(out),
+                        '--beam_size', '2', '--max_extra_len', '5', '--buffer_lines', block)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert out.read_text().split('\n')[:-1] == whole, block  # same lines, same order
+    assert '13 sentences in' in result.stderr
+  piped = run_decode('--workdir', str(tiny_workdir), '--beam_size', '2', '--max_extra_len', '5',
+                     '--buffer_lines', '4', stdin=src.read_text())
+  assert piped.stdout.split('\n')[:-1] == whole
+  _clean_failure(run_decode('--workdir', str(tiny_workdir), '--buffer_lines', '-1', stdin='x\n'),
+                 '--buffer_lines=-1 must be 0')

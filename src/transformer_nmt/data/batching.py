@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Iterator, Optional, Sequence
+from typing import BinaryIO, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -47,13 +47,28 @@ def split_lines(raw: bytes, name: str) -> list[str]:
   lines = raw.split(b'\n')
   if lines and lines[-1] == b'':
     lines.pop()  # the final newline does not start another line
-  out = []
-  for number, line in enumerate(lines, start=1):
-    try:
-      out.append(line.decode('utf-8').strip())
-    except UnicodeDecodeError as e:
-      raise DataError(f'{name}:{number}: invalid UTF-8 at byte {e.start} of the line') from None
-  return out
+  return [_decoded(line, name, number) for number, line in enumerate(lines, start=1)]
+
+
+def line_blocks(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
+  """The stripped lines of a UTF-8 byte stream in blocks of `size` (the last one shorter),
+  each handed out as soon as it is complete: memory stays bounded by a block, and with
+  size 1 a line typed at a terminal is handed out at once. Errors name `name` and the line."""
+  block: list[str] = []
+  for number, line in enumerate(stream, start=1):
+    block.append(_decoded(line, name, number))
+    if len(block) == size:
+      yield block
+      block = []
+  if block:
+    yield block
+
+
+def _decoded(line: bytes, name: str, number: int) -> str:
+  try:
+    return line.decode('utf-8').strip()
+  except UnicodeDecodeError as e:
+    raise DataError(f'{name}:{number}: invalid UTF-8 at byte {e.start} of the line') from None
 
 
 def read_parallel(src_path: str | os.PathLike,
