@@ -9,7 +9,7 @@ the input whole and prints sacreBLEU with its signature and chrF.
 import contextlib
 import sys
 import time
-from typing import IO, Iterator, Optional
+from typing import IO, Any, Iterator, Optional
 
 from absl import app, flags
 
@@ -194,19 +194,8 @@ def run() -> None:
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
-  count = tokens = 0
-  kept: list[tuple[str, str]] = []  # (source, translation) for scoring and plots
-  with _output(_OUTPUT.value) as out:
-    for block in blocks:
-      hyps = translator.translate_lines(model.params, block, progress)
-      out.write(''.join(h + '\n' for h in hyps))
-      out.flush()  # a block's translations are out before the next block is read
-      count += len(block)
-      tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
-      if whole is not None:
-        kept += zip(block, hyps)
-      elif _PLOT.value:  # the first sentences only
-        kept += list(zip(block, hyps))[:max(_PLOT_COUNT.value - len(kept), 0)]
+  keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
+  count, tokens, kept = _translate_blocks(translator, model, blocks, progress, keep)
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
@@ -218,6 +207,25 @@ def run() -> None:
     lines, hyps = [s for s, _ in kept], [h for _, h in kept]
     for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
       print(f'wrote {path}', file=sys.stderr)
+
+
+def _translate_blocks(translator: Any, model: Any, blocks: Iterator[list[str]],
+                      progress: _Progress, keep: Optional[int]
+                      ) -> tuple[int, int, list[tuple[str, str]]]:
+  """Translates and writes block after block. Returns the sentence and target-token counts
+  and the first `keep` (source, translation) pairs (all with None: for scoring)."""
+  count = tokens = 0
+  kept: list[tuple[str, str]] = []
+  with _output(_OUTPUT.value) as out:
+    for block in blocks:
+      hyps = translator.translate_lines(model.params, block, progress)
+      out.write(''.join(h + '\n' for h in hyps))
+      out.flush()  # a block's translations are out before the next block is read
+      count += len(block)
+      tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
+      room = len(block) if keep is None else max(keep - len(kept), 0)
+      kept += list(zip(block, hyps))[:room]
+  return count, tokens, kept
 
 
 def _score(hyps: list[str], refs: list[str]) -> None:
