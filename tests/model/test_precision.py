@@ -43,6 +43,20 @@ def test_float32_weight_gets_an_unrounded_float32_gradient():
   np.testing.assert_allclose(gw, ref, rtol=5e-2, atol=1e-1)
 
 
+def test_transposed_weight_gradient_keeps_its_layout():
+  """transpose_w (the tied embedding [V, D] as the output projection): x @ w.T, with w's
+  float32 gradient computed as [V, D], under jit as training runs it."""
+  x = jax.random.normal(jax.random.key(0), (3, 7, 16)).astype(jnp.bfloat16)
+  table = jax.random.normal(jax.random.key(1), (40, 16)) / 4  # [V, D]
+  out = jax.jit(lambda t: mixed_matmul(x, t, jnp.float32, True))(table)
+  np.testing.assert_allclose(out, mixed_matmul(x, table.T, jnp.float32), rtol=1e-6)
+  grad = jax.jit(jax.grad(lambda t: _loss(lambda p, q: mixed_matmul(p, q, jnp.float32, True),
+                                          x, t)))(table)
+  assert grad.shape == table.shape and grad.dtype == jnp.float32
+  ref = jax.grad(lambda t: _loss(jnp.matmul, x.astype(jnp.float32), t.T))(table)
+  np.testing.assert_allclose(grad, ref, rtol=5e-2, atol=1e-1)
+
+
 @pytest.mark.parametrize('use_bias', [False, True])
 def test_dense_matches_flax_dense(use_bias):
   x = jax.random.normal(jax.random.key(2), (2, 5, 16))

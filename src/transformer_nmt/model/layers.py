@@ -84,7 +84,7 @@ class Embed(nn.Module):
     if self.cfg.dtype == 'float32':
       return jnp.einsum('bld,vd->blv', x, table)
     out = jnp.float32 if self.cfg.float32_logits else self.cfg.dtype
-    return mixed_matmul(x, table.T, out)  # float32 weight gradient, see precision.py
+    return mixed_matmul(x, table, out, True)  # float32 [V, D] gradient, see precision.py
 
 
 def per_shard(x: jax.Array, shards: int) -> jax.Array:

@@ -24,32 +24,45 @@ import jax
 import jax.numpy as jnp
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def mixed_matmul(x: jax.Array, w: jax.Array, out_dtype: Any) -> jax.Array:
-  """x [..., K] @ w [K, N] -> [..., N] in `out_dtype`, accumulated in float32.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def mixed_matmul(x: jax.Array, w: jax.Array, out_dtype: Any,
+                 transpose_w: bool = False) -> jax.Array:
+  """x [..., K] @ w [K, N] (or w [N, K] transposed) -> [..., N] in `out_dtype`, accumulated
+  in float32.
 
   `w` may be float32 (a parameter): it is cast to x's dtype for the product, and its gradient
-  comes back in float32, unrounded.
+  comes back in float32, unrounded, in w's own layout. `transpose_w` serves the tied
+  embedding ([V, D] table as the output projection): its gradient is computed as [V, D]
+  directly, because a transposed bfloat16 -> float32 weight-gradient product is one that XLA
+  CPU leaves unfused and cannot run ("Unsupported element type for DotThunk").
   """
-  w = w.astype(x.dtype)
-  return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(out_dtype)
+  return _fwd(x, w, out_dtype, transpose_w)[0]
 
 
-def _fwd(x: jax.Array, w: jax.Array, out_dtype: Any) -> tuple[jax.Array, tuple]:
+def _product(x: jax.Array, w_cast: jax.Array, transpose_w: bool) -> jax.Array:
+  w_kn = w_cast.T if transpose_w else w_cast
+  return jnp.matmul(x, w_kn, preferred_element_type=jnp.float32)
+
+
+def _fwd(x: jax.Array, w: jax.Array, out_dtype: Any,
+         transpose_w: bool) -> tuple[jax.Array, tuple]:
   w_cast = w.astype(x.dtype)
-  out = jnp.matmul(x, w_cast, preferred_element_type=jnp.float32).astype(out_dtype)
+  out = _product(x, w_cast, transpose_w).astype(out_dtype)
   # The backward pass keeps the weight as cast for the product (half the bytes of a float32
   # weight; for an FSDP-gathered weight, the gathered copy itself) and an empty array that
   # remembers w's dtype for its gradient.
   return out, (x, w_cast, jnp.zeros((0,), w.dtype))
 
 
-def _bwd(out_dtype: Any, residuals: tuple, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _bwd(out_dtype: Any, transpose_w: bool, residuals: tuple,
+         g: jax.Array) -> tuple[jax.Array, jax.Array]:
   x, w_cast, w_dtype = residuals
   g = g.astype(x.dtype)  # the cotangent in the input precision: keeps the fast matmul path
-  gx = jnp.matmul(g, w_cast.T, preferred_element_type=jnp.float32).astype(x.dtype)
+  w_nk = w_cast if transpose_w else w_cast.T
+  gx = jnp.matmul(g, w_nk, preferred_element_type=jnp.float32).astype(x.dtype)
   lead = tuple(range(x.ndim - 1))
-  gw = jnp.tensordot(x, g, axes=(lead, lead), preferred_element_type=jnp.float32)  # [K, N]
+  first, second = (g, x) if transpose_w else (x, g)  # gw in w's layout: [N, K] or [K, N]
+  gw = jnp.tensordot(first, second, axes=(lead, lead), preferred_element_type=jnp.float32)
   return gx, gw.astype(w_dtype.dtype)
 
 
