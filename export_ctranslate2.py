@@ -2,7 +2,7 @@
 
     python export_ctranslate2.py --workdir runs/m30k_1h_en_de --out m30k_ct2 --average_last 5
 
-Then translate with CTranslate2 (see src/transformer_nmt/ctranslate2_export.py for the token
+Then translate with CTranslate2 (see src/transformer_nmt/export.py for the token
 convention): SentencePiece pieces of each source line followed by '</s>'.
 """
 
@@ -30,7 +30,7 @@ def run() -> None:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
 
-  from transformer_nmt.ctranslate2_export import export
+  from transformer_nmt.export import export
   from transformer_nmt.decoding.translator import load_workdir
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):

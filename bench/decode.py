@@ -127,7 +127,7 @@ def main(argv):
     raise app.UsageError(f'--variants: unknown {sorted(unknown)}; known: {list(VARIANTS)}')
   ct2_dir = None
   if _CT2.value:
-    from transformer_nmt.ctranslate2_export import export
+    from transformer_nmt.export import export
     ct2_dir = tempfile.mkdtemp(prefix='bench_ct2_')
     export(model.cfg, model.params, model.src_tok, model.tgt_tok, ct2_dir)
   table, seconds_of = [], {}

@@ -27,7 +27,7 @@ def tokenizer(tmp_path_factory):
 
 @pytest.mark.parametrize('norm, positions', [('pre', 'interleaved'), ('post', 'concat')])
 def test_export_scores_match_ours(tiny_cfg, tokenizer, tmp_path, norm, positions):
-  from transformer_nmt.ctranslate2_export import export
+  from transformer_nmt.export import export
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size, norm_position=norm,
                             positional_encoding=positions)
   params = init_params(cfg, jax.random.key(3))
