@@ -108,3 +108,40 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path):
   resumed, expected = _losses(workdir), _losses(straight)
   later = range(step + 1, step + 4)
   np.testing.assert_allclose([resumed[s] for s in later], [expected[s] for s in later], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_checkpoint_save_lets_it_finish_then_stops(tmp_path, monkeypatch):
+  """The signal lands while the step-2 checkpoint is being written: the save completes (the
+  handler only sets the flag), the run stops at that step boundary, and a rerun resumes
+  from the complete checkpoint (its checksums verify) to the end."""
+  import orbax.checkpoint as ocp
+
+  from configs import tiny
+  from transformer_nmt.checkpoint import CHECKSUMS
+  from transformer_nmt.training import loop as trainer
+  from transformer_nmt.training.preemption import Stopped
+
+  config = tiny.get_config()
+  config.data.update(demo_sizes=(200, 10, 10))
+  config.train.update(num_steps=4, log_every=1, eval_every=1000, checkpoint_every=2)
+  config.eval.update(bleu_sentences=0)
+  workdir = tmp_path / 'run'
+  real_save, signalled = ocp.CheckpointManager.save, []
+
+  def save_with_a_signal(manager, step, *args, **kwargs):
+    if step == 2 and not signalled:
+      signalled.append(step)
+      os.kill(os.getpid(), signal.SIGTERM)  # delivered now, before the save's first byte
+    return real_save(manager, step, *args, **kwargs)
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', save_with_a_signal)
+  with pytest.raises(Stopped):
+    trainer.train_and_evaluate(config, str(workdir))
+  assert signalled == [2]
+  checkpoints = workdir / 'checkpoints'
+  assert sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) == ['2']
+  assert json.loads((checkpoints / '2' / CHECKSUMS).read_text())  # sealed: the save finished
+  assert max(_losses(workdir)) == 2
+  trainer.train_and_evaluate(config, str(workdir))  # verifies the checksums, then resumes
+  assert sorted(_losses(workdir)) == [1, 2, 3, 4]
+  assert not (checkpoints / 'quarantine').exists()
