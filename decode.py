@@ -4,9 +4,16 @@ Reads FILE (or stdin) in blocks of --buffer_lines, translates each block and wri
 before reading the next (one output line per input line; empty lines stay empty), so memory
 stays bounded and a terminal gets each typed line back at once. With --reference it reads
 the input whole and prints sacreBLEU with its signature and chrF.
+
+--format jsonl writes one JSON object per input line: the source's subwords and up to
+--n_best hypotheses, each with its text, length-normalised score, log-probability, subwords,
+per-subword log-probabilities and alignment (forced decoding, decoding/scoring.py).
+--score_reference FILE translates nothing: it scores FILE's lines as translations of the
+input (text: "logprob<TAB>score" per line; jsonl: the same object with that one hypothesis).
 """
 
 import contextlib
+import json
 import sys
 import time
 from typing import IO, Any, Iterator, Optional
@@ -69,6 +76,13 @@ DEFAULT_BUFFER = 2000  # lines per block of a file or pipe: memory stays bounded
 _BUFFER = flags.DEFINE_integer('buffer_lines', 0, 'Lines read, translated and written per block '
                                f'(0: 1 when stdin is a terminal, so that a typed line is '
                                f'translated at once, else {DEFAULT_BUFFER}).')
+_FORMAT = flags.DEFINE_enum('format', 'text', ['text', 'jsonl'], 'text: one translation per '
+                            'line; jsonl: one JSON object per line with hypotheses and scores.')
+_N_BEST = flags.DEFINE_integer('n_best', 1, 'Hypotheses per line, best first (at most the beam '
+                               'size; more than 1 needs --format jsonl). A sentence can end '
+                               'with fewer: the search stops once no live beam can win.')
+_SCORE_REFERENCE = flags.DEFINE_string('score_reference', None, 'Score these translations of '
+                                       'the input (one per line) instead of translating.')
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
 _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
@@ -172,12 +186,16 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 def run() -> None:
   from transformer_nmt.decoding.translator import Translator, load_workdir
   from transformer_nmt.errors import DataError
-  _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value})
+  _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
+                                '--score_reference': _SCORE_REFERENCE.value})
+  _check_modes()
   whole = None  # scoring needs every line: then the input is read whole and checked first
-  if _REFERENCE.value:
-    whole, refs = _read(_INPUT.value), _read(_REFERENCE.value)
+  if _REFERENCE.value or _SCORE_REFERENCE.value:
+    flag = '--reference' if _REFERENCE.value else '--score_reference'
+    path = _REFERENCE.value or _SCORE_REFERENCE.value
+    whole, refs = _read(_INPUT.value), _read(path)
     if len(refs) != len(whole):
-      raise DataError(f'{_REFERENCE.value} has {len(refs)} lines but the input has {len(whole)}')
+      raise DataError(f'{flag}={path} has {len(refs)} lines but the input has {len(whole)}')
   if _BUFFER.value < 0:
     raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
   blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
@@ -191,7 +209,14 @@ def run() -> None:
             if decode.temperature > 0 else
             f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
   print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
-  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
+  if _N_BEST.value > decode.beam_size:
+    raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
+  if _N_BEST.value > 1 and decode.temperature > 0:
+    raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
+  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value)
+  if _SCORE_REFERENCE.value:
+    _score_reference(translator, model, whole, refs)
+    return
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
   keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
@@ -218,14 +243,48 @@ def _translate_blocks(translator: Any, model: Any, blocks: Iterator[list[str]],
   kept: list[tuple[str, str]] = []
   with _output(_OUTPUT.value) as out:
     for block in blocks:
-      hyps = translator.translate_lines(model.params, block, progress)
-      out.write(''.join(h + '\n' for h in hyps))
+      if _FORMAT.value == 'jsonl':
+        found = translator.hypotheses(model.params, block, progress)
+        hyps = [h[0].text if h else '' for _, h in found]
+        out.write(''.join(_json_line(source, h) for source, h in found))
+      else:
+        hyps = translator.translate_lines(model.params, block, progress)
+        out.write(''.join(h + '\n' for h in hyps))
       out.flush()  # a block's translations are out before the next block is read
       count += len(block)
       tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
       room = len(block) if keep is None else max(keep - len(kept), 0)
       kept += list(zip(block, hyps))[:room]
   return count, tokens, kept
+
+
+def _check_modes() -> None:
+  """Flags that do not go together, before any work."""
+  from transformer_nmt.errors import DataError
+  if _N_BEST.value < 1:
+    raise DataError(f'--n_best={_N_BEST.value} must be at least 1')
+  if _N_BEST.value > 1 and _FORMAT.value != 'jsonl':
+    raise DataError(f'--n_best={_N_BEST.value} needs --format jsonl (text is one line per input)')
+  if _SCORE_REFERENCE.value and (_REFERENCE.value or _N_BEST.value > 1 or _PLOT.value):
+    raise DataError('--score_reference scores given translations: it takes none of '
+                    '--reference, --n_best, --plot_attention')
+
+
+def _json_line(source: list[str], hypotheses: list[Any]) -> str:
+  return json.dumps({'source_tokens': source,
+                     'hypotheses': [h.as_json() for h in hypotheses]}, ensure_ascii=False) + '\n'
+
+
+def _score_reference(translator: Any, model: Any, sources: list[str], targets: list[str]
+                     ) -> None:
+  """Writes the model's scores of `targets` as translations of `sources` (forced decoding)."""
+  t0 = time.time()
+  scored = translator.score(model.params, sources, targets)
+  with _output(_OUTPUT.value) as out:
+    for source, hyp in scored:
+      out.write(f'{hyp.logprob:.6f}\t{hyp.score:.6f}\n' if _FORMAT.value == 'text' else
+                _json_line(source, [hyp]))
+  print(f'scored {len(scored)} sentence pairs in {time.time() - t0:.1f} s', file=sys.stderr)
 
 
 def _score(hyps: list[str], refs: list[str]) -> None:

@@ -151,26 +151,37 @@ def finalize(s: BeamState) -> tuple[jax.Array, jax.Array]:
   return ids, jnp.where(has_finished, s.scores[:, 0], s.logprobs[:, 0])
 
 
-def result(s: BeamState, eos_id: int, pad_id: int) -> jax.Array:
-  """`finalize`'s ids [B, L] with padding after the first EOS."""
+def result(s: BeamState, eos_id: int, pad_id: int, n_best: int = 1) -> jax.Array:
+  """`finalize`'s ids [B, L] with padding after the first EOS; with `n_best` > 1, the
+  best n finished hypotheses [B, N, L], best first (the first as `finalize` picks it). A row
+  that finished fewer than N (the search stops a row once no live beam can win) has slots
+  of padding only: no EOS, unlike any hypothesis."""
   ids = finalize(s)[0]
-  after_eos = jnp.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0
+  if n_best > 1:
+    slots = jnp.where((s.scores[:, :n_best] > NEG_INF / 2)[..., None], s.finished[:, :n_best],
+                      pad_id)
+    ids = slots.at[:, 0].set(ids)
+  is_eos = ids == eos_id
+  after_eos = jnp.cumsum(is_eos, axis=-1) - is_eos > 0
   return jnp.where(after_eos, pad_id, ids)
 
 
 def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int, length: int,
-         stop: str = DECODE.beam_stop) -> Search:
+         stop: str = DECODE.beam_stop, n_best: int = 1) -> Search:
   """Beam search as a `decoding.Search` over outputs of `length` positions (see
-  `beam_search`); its `init` tiles the cache to K beams."""
+  `beam_search`); its `init` tiles the cache to K beams. With `n_best` > 1 (at most K) its
+  result is [B, N, L] (see `result`)."""
   if stop not in STOPS:
     raise ValueError(f'beam stop={stop!r}; expected one of {STOPS}')
+  if not 1 <= n_best <= beam_size:
+    raise ValueError(f'n_best={n_best} must be between 1 and the beam size {beam_size}')
   return Search(
       beam_size,
       lambda cache, max_lens: init_state(cache, max_lens.shape[0], beam_size, length, pad_id),
       lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id,
                                           eos_id=eos_id, stop=stop),
       lambda s, max_lens: rows_done(s, max_lens, alpha, stop),
-      lambda s: result(s, eos_id, pad_id))
+      lambda s: result(s, eos_id, pad_id, n_best))
 
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,

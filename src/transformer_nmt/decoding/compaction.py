@@ -88,7 +88,8 @@ class CompactingDecoder:
     return state, search.rows_done(state, max_lens)
 
   def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int) -> np.ndarray:
-    """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids.
+    """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids (the
+    search's result per sentence, e.g. [B, N, length] for an n-best beam).
 
     `length` must be a multiple of `chunk`; max_lens [B] <= length are the rows' limits.
     """

@@ -107,7 +107,7 @@ class Search:
   init(cache, max_lens) -> state, from the decoder cache for B sentences.
   step(state, logits_fn, max_lens) -> state, one more token per live hypothesis.
   rows_done(state, max_lens) -> [B] bool; a done row must stay done and unchanged.
-  result(state) -> [B, L] ids: tokens, EOS, then padding.
+  result(state) -> [B, L] ids: tokens, EOS, then padding ([B, N, L] for an n-best beam).
   """
 
   beams: int
@@ -118,11 +118,11 @@ class Search:
 
   def run(self, logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, num_steps: int,
           chunk: int = DECODE.chunk, grow_cache: bool = True) -> jax.Array:
-    """The whole search in one jittable loop (`decode_loop`): [B, num_steps] ids."""
+    """The whole search in one jittable loop (`decode_loop`): [B, (N,) num_steps] ids."""
     final = decode_loop(lambda s: self.step(s, logits_fn, max_lens),
                         lambda s: jnp.all(self.rows_done(s, max_lens)),
                         self.init(cache, max_lens), num_steps, chunk, grow_cache)
-    return self.result(final)[:, :num_steps]
+    return self.result(final)[..., :num_steps]
 
 
 @flax.struct.dataclass

@@ -62,14 +62,16 @@ def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segment
 def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
                beam_stop: str = DECODE.beam_stop, temperature: float = DECODE.temperature,
-               top_k: int = DECODE.top_k, rng: Optional[jax.Array] = None) -> Search:
+               top_k: int = DECODE.top_k, rng: Optional[jax.Array] = None,
+               n_best: int = 1) -> Search:
   """The search `translate` runs for outputs of `length` positions: sampling when
-  `temperature` > 0, else beam search when `beam_size` > 1, else greedy."""
+  `temperature` > 0, else beam search when `beam_size` > 1 (its `n_best` hypotheses per
+  sentence), else greedy."""
   ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, length=length)
   if temperature > 0.0:
     return greedy(temperature=temperature, top_k=top_k, rng=rng, **ids)
   if beam_size > 1:
-    return beam(beam_size=beam_size, alpha=alpha, stop=beam_stop, **ids)
+    return beam(beam_size=beam_size, alpha=alpha, stop=beam_stop, n_best=n_best, **ids)
   return greedy(**ids)
 
 
@@ -87,8 +89,9 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
               chunk: int = DECODE.chunk, cache_mode: str = 'cached',
               temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
               rng: Optional[jax.Array] = None, grow_cache: bool = True,
-              beam_stop: str = DECODE.beam_stop) -> jax.Array:
-  """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop.
+              beam_stop: str = DECODE.beam_stop, n_best: int = 1) -> jax.Array:
+  """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop
+  (with beam search and `n_best` > 1: [B, N, S + max_extra_len], see beam.result).
 
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
   decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`, rows ending as
@@ -108,7 +111,7 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   logits_fn, cache = _decoder(model, variables, memory, src_segments, length, cache_mode)
   search = search_for(length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                       alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
-                      rng=rng)
+                      rng=rng, n_best=n_best)
   return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len), max_len, chunk,
                     grow_cache)
 
@@ -123,10 +126,11 @@ class CompactingTranslate:
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
                max_extra_len: int = DECODE.max_extra_len, chunk: int = DECODE.chunk,
                temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-               beam_stop: str = DECODE.beam_stop, min_rows: int = 8):
+               beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
-                        alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k)
+                        alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
+                        n_best=n_best)
     model = Transformer(cfg)
     self.decoder = CompactingDecoder(
         lambda length: search_for(length, **self._search),
@@ -146,11 +150,11 @@ class CompactingTranslate:
 
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
                rng: Optional[jax.Array] = None) -> np.ndarray:
-    """src [B, S] -> ids [B, S + max_extra_len], as `translate`."""
+    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate`."""
     max_len = src.shape[1] + self.max_extra_len
     length = -(-max_len // self.chunk) * self.chunk
     state, max_lens = self._start(params, src, src_segments, rng, length)
-    return self.decoder(params, state, max_lens, length)[:, :max_len]
+    return self.decoder(params, state, max_lens, length)[..., :max_len]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,

@@ -16,6 +16,8 @@ from transformer_nmt.checkpoint import Checkpointer, describe
 from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.decoding.beam import length_penalty
+from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.workdir import Workdir
@@ -126,34 +128,64 @@ def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
                     f'vocabulary has {table.shape[0]}; they do not belong together')
 
 
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One translation with the model's scores of it (forced decoding, scoring.py).
+
+  tokens, token_logprobs, alignment: one entry per target subword and one for the final EOS;
+  alignment holds positions in the source's subwords (`source_tokens`, EOS last)."""
+
+  text: str
+  score: float  # logprob / GNMT length penalty (decode.alpha), what beam search ranks by
+  logprob: float
+  tokens: list[str]
+  token_logprobs: list[float]
+  alignment: list[int]
+
+  def as_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
 class Translator:
   """Translates token-id rows in length buckets (one compile per bucket) and keeps the order."""
 
   def __init__(self, cfg: ModelConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
                decode: DecodeConfig = DECODE, *, cache_mode: str = 'cached',
-               grow_cache: bool = True):
+               grow_cache: bool = True, n_best: int = 1):
     """`decode.compact` drops finished sentences every `decode.chunk` steps
     (translate.CompactingTranslate, 'cached' decoding only); without it each batch runs as one
     jitted loop (translate.translate) that checks every `chunk` steps whether all its rows are
-    done. `cache_mode` and `grow_cache` are for measuring the decoder cache (bench/)."""
+    done. `n_best` (<= beam size) hypotheses per sentence are kept for `hypotheses`.
+    `cache_mode` and `grow_cache` are for measuring the decoder cache (bench/)."""
     d = decode.validate()
+    if not 1 <= n_best <= d.beam_size or (n_best > 1 and d.temperature > 0):
+      raise ConfigError(f'n_best={n_best} must be between 1 and the beam size {d.beam_size} '
+                        '(and 1 when sampling)')
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
-    self.max_input_len = d.max_input_len
+    self.max_input_len, self.alpha, self.n_best = d.max_input_len, d.alpha, n_best
     self._rng = jax.random.key(d.seed)  # sampling only: batch i uses fold_in(rng, i)
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
                   beam_size=d.beam_size, alpha=d.alpha, max_extra_len=d.max_extra_len,
-                  chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop)
+                  chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop,
+                  n_best=n_best)
     self.compact = d.compact and cache_mode == 'cached'
     if self.compact:
       self._translate = CompactingTranslate(cfg, **search)
     else:
       self._translate = jax.jit(functools.partial(translate, cfg, cache_mode=cache_mode,
                                                   grow_cache=grow_cache, **search))
+    self.scorer = Scorer(cfg, bos_id=tgt_tok.bos_id, pad_id=tgt_tok.pad_id,
+                         tokens_per_batch=d.tokens_per_batch)
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
                     progress: Optional[Callable[[int], None]] = None) -> list[np.ndarray]:
     """rows: source ids ending in EOS -> output ids (without EOS), in the order of `rows`."""
-    out: list[np.ndarray] = [np.zeros(0, np.int32)] * len(rows)
+    return [best[0] for best in self._search(params, rows, progress)]
+
+  def _search(self, params: Any, rows: Sequence[np.ndarray],
+              progress: Optional[Callable[[int], None]] = None) -> list[list[np.ndarray]]:
+    """rows -> each row's hypotheses (ids without EOS), best first: 1 to n_best of them."""
+    out: list[list[np.ndarray]] = [[np.zeros(0, np.int32)]] * len(rows)
     if not rows:
       return out
     lengths = np.array([len(r) for r in rows])
@@ -162,24 +194,85 @@ class Translator:
     # (filler rows would fill the first chunks); the one-loop path keeps powers of two.
     plans = data_lib.trim_rows(data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch),
                                power_of_two=not self.compact)
+    eos = self.tgt_tok.eos_id
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
       ids = np.asarray(self._translate(params, src, segments,
-                                       rng=jax.random.fold_in(self._rng, i)))  # [rows, S+extra]
+                                       rng=jax.random.fold_in(self._rng, i)))  # [rows, (N,) L]
       for row, example in enumerate(plan.examples):
-        out[example] = _strip(ids[row], self.tgt_tok.eos_id)
+        found = ids[row] if ids.ndim == 3 else ids[row][None]
+        # An n-best slot without a hypothesis holds no EOS (beam.result); the first always has.
+        out[example] = [_strip(h, eos) for j, h in enumerate(found) if j == 0 or eos in h]
       if progress is not None:
         progress(len(plan.examples))
     return out
+
+  def hypotheses(self, params: Any, lines: Sequence[str],
+                 progress: Optional[Callable[[int], None]] = None
+                 ) -> list[tuple[list[str], list[Hypothesis]]]:
+    """Sentences -> per line (source subwords with EOS, up to n_best hypotheses, best first),
+    each hypothesis scored by forced decoding. An empty line gives no hypotheses. A line
+    longer than `decode.max_input_len` tokens gives one hypothesis: its pieces' best
+    translations joined (see `translate_lines`), scores summed, alignments into the line."""
+    pieces, owner = self._split(lines)
+    rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
+    found = self._search(params, rows, progress)
+    pairs = [(rows[p], h) for p, hyps in enumerate(found) for h in hyps]
+    eos = np.array([self.tgt_tok.eos_id], np.int32)
+    scored = iter(self.scorer.score_ids(params, [s for s, _ in pairs],
+                                        [np.concatenate([h, eos]) for _, h in pairs]))
+    result: list[tuple[list[str], list[Hypothesis]]] = [([], []) for _ in lines]
+    for p, hyps in enumerate(found):
+      made = [self._hypothesis(h, next(scored)) for h in hyps]
+      source, kept = result[owner[p]]
+      if not kept:
+        kept += made  # in the search's order (its own scores, best first)
+      else:  # the next piece of a long line: appended to the line's one hypothesis
+        kept[0] = _joined(kept[0], made[0], len(source), self.alpha)
+      source += self.src_tok.pieces(rows[p].tolist())
+    return result
+
+  def score(self, params: Any, sources: Sequence[str], targets: Sequence[str]
+            ) -> list[tuple[list[str], Hypothesis]]:
+    """The model's scores of each target line as the translation of its source line (forced
+    decoding; nothing is split or truncated): per line the source subwords with EOS and the
+    target as a scored `Hypothesis`."""
+    src = [np.array(ids + [self.src_tok.eos_id], np.int32)
+           for ids in self.src_tok.encode(sources)]
+    tgt = [np.array(ids, np.int32) for ids in self.tgt_tok.encode(targets)]
+    eos = np.array([self.tgt_tok.eos_id], np.int32)
+    scored = self.scorer.score_ids(params, src, [np.concatenate([t, eos]) for t in tgt])
+    return [(self.src_tok.pieces(s.tolist()), self._hypothesis(t, sc, text))
+            for s, t, sc, text in zip(src, tgt, scored, targets)]
+
+  def _hypothesis(self, ids: np.ndarray, scored: Any, text: Optional[str] = None) -> Hypothesis:
+    n = len(ids) + 1  # with EOS
+    return Hypothesis(self.tgt_tok.decode([ids.tolist()])[0] if text is None else text,
+                      scored.logprob / float(length_penalty(n, self.alpha)), scored.logprob,
+                      self.tgt_tok.pieces(ids.tolist() + [self.tgt_tok.eos_id]),
+                      [float(x) for x in scored.token_logprobs],
+                      [int(x) for x in scored.alignment])
 
   def translate_lines(self, params: Any, lines: Sequence[str],
                       progress: Optional[Callable[[int], None]] = None) -> list[str]:
     """Sentences -> translations; an empty line gives an empty line. A line longer than
     `decode.max_input_len` tokens is translated in pieces (see `_pieces`), which are joined
     with spaces; how many lines were split or truncated goes to the log."""
+    pieces, owner = self._split(lines)
+    rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
+    outputs = self.translate_ids(params, rows, progress)
+    texts = self.tgt_tok.decode([o.tolist() for o in outputs])
+    result: list[list[str]] = [[] for _ in lines]
+    for i, text in zip(owner, texts):
+      result[i].append(text)
+    return [' '.join(part for part in parts if part) for parts in result]
+
+  def _split(self, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+    """The source ids of every non-empty line, long lines in pieces (`_pieces`), and the
+    line each piece belongs to; how many lines were split or truncated goes to the log."""
     keep = [i for i, line in enumerate(lines) if line.strip()]
     pieces: list[list[int]] = []
-    owner: list[int] = []  # the line of each piece
+    owner: list[int] = []
     split = truncated = 0
     for i, ids in zip(keep, self.src_tok.encode([lines[i] for i in keep])):
       parts, cut = self._pieces(lines[i], ids)
@@ -190,13 +283,7 @@ class Translator:
       logging.warning('%d line(s) over decode.max_input_len=%d tokens translated in pieces split '
                       'at sentence ends; %d sentence(s) truncated to that length', split,
                       self.max_input_len, truncated)
-    rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
-    outputs = self.translate_ids(params, rows, progress)
-    texts = self.tgt_tok.decode([o.tolist() for o in outputs])
-    result: list[list[str]] = [[] for _ in lines]
-    for i, text in zip(owner, texts):
-      result[i].append(text)
-    return [' '.join(part for part in parts if part) for parts in result]
+    return pieces, owner
 
   def _pieces(self, line: str, ids: list[int]) -> tuple[list[list[int]], int]:
     """A line's source ids in pieces of at most max_input_len - 1 tokens (EOS follows): whole
@@ -217,6 +304,17 @@ class Translator:
 
 
 _SENTENCE_END = re.compile(r'(?<=[.!?;:\u3002\uff01\uff1f])\s+')  # after . ! ? ; : and CJK ones
+
+
+def _joined(first: Hypothesis, then: Hypothesis, offset: int, alpha: float) -> Hypothesis:
+  """Two pieces' translations of one line as one hypothesis; `then`'s alignment shifted by
+  the `offset` source subwords before its piece."""
+  logprob = first.logprob + then.logprob
+  tokens = first.tokens + then.tokens
+  return Hypothesis(' '.join(t for t in (first.text, then.text) if t),
+                    logprob / float(length_penalty(len(tokens), alpha)), logprob, tokens,
+                    first.token_logprobs + then.token_logprobs,
+                    first.alignment + [a + offset for a in then.alignment])
 
 
 def _strip(ids: np.ndarray, eos_id: int) -> np.ndarray:

@@ -1,0 +1,74 @@
+"""Forced decoding: the model's log-probabilities of given translations, token by token.
+
+What fairseq's score-reference and CTranslate2's score_batch give: reranking n-best lists,
+filtering parallel data, checking a search's own scores. Each target token also gets an
+alignment, the source token with the highest last-layer cross-attention averaged over heads
+(the usual cheap alignment). Dimension legend: B batch, S source, T target length, H heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.data import batching as data_lib
+from transformer_nmt.model.transformer import Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+  """One target's scores. token_logprobs and alignment have one entry per target token and
+  one for the EOS that ends it; alignment holds source token positions (EOS included)."""
+
+  logprob: float  # log P(target, EOS | source)
+  token_logprobs: np.ndarray  # [T + 1] float
+  alignment: np.ndarray  # [T + 1] int
+
+
+def token_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+  """Teacher-forced log P of each `tgt_out` token [B, T] and its aligned source position
+  [B, T] (argmax over S of the last decoder layer's cross-attention, mean over heads)."""
+  logits, state = Transformer(cfg).apply(
+      {'params': params}, batch['src'], batch['tgt_in'], batch['src_segments'],
+      batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
+      mutable=['intermediates'])
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
+  target = jnp.take_along_axis(logp, batch['tgt_out'][..., None], axis=-1)[..., 0]
+  last = state['intermediates'][f'decoder_layers_{cfg.num_layers - 1}']
+  weights = last['cross_attention']['attention_weights'][0]  # [B, H, T, S]
+  return target, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
+
+
+class Scorer:
+  """Scores (source, target) id rows in length buckets of about `tokens_per_batch` padded
+  tokens per side; one compile per bucket shape."""
+
+  def __init__(self, cfg: ModelConfig, *, bos_id: int, pad_id: int, tokens_per_batch: int):
+    self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
+    self._scores = jax.jit(functools.partial(token_scores, cfg))
+
+  def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
+                tgt_rows: Sequence[np.ndarray]) -> list[Scored]:
+    """Rows of ids, each ending in EOS (the target's EOS is scored too), in input order."""
+    if not src_rows:
+      return []
+    longest = max(max(len(s), len(t)) for s, t in zip(src_rows, tgt_rows))
+    data = data_lib.ParallelData(list(src_rows), list(tgt_rows), np.arange(len(src_rows)),
+                                 self.pad_id, self.bos_id, data_lib.bucket_boundaries(longest),
+                                 data_lib.ReadStats())
+    out: list[Optional[Scored]] = [None] * len(data)
+    plans = data_lib.plan_batches(data.lengths, data.boundaries, self.tokens_per_batch)
+    for plan in data_lib.trim_rows(plans):
+      batch = data_lib.collate(data, plan)
+      logp, align = map(np.asarray, self._scores(params, batch))
+      for row, i in enumerate(plan.examples):
+        n = len(data.tgt[i])
+        out[i] = Scored(float(np.sum(logp[row, :n], dtype=np.float64)), logp[row, :n],
+                        align[row, :n])
+    return out

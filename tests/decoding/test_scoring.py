@@ -1,0 +1,146 @@
+"""Forced decoding (scoring.py), n-best hypotheses with scores, decode.py's jsonl and
+--score_reference, on the tiny trained workdir."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from transformer_nmt.config import DecodeConfig
+from transformer_nmt.decoding.beam import beam, length_penalty
+from transformer_nmt.decoding.scoring import Scorer
+from transformer_nmt.decoding.search import decode_loop
+from transformer_nmt.decoding.translator import Translator, load_workdir
+from transformer_nmt.model.attention import NEG_INF
+from transformer_nmt.model.transformer import Transformer
+
+
+@pytest.fixture(scope='module')
+def loaded(tiny_workdir):
+  return load_workdir(tiny_workdir)
+
+
+@pytest.fixture(scope='module')
+def lines(tiny_workdir):
+  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:6]
+
+
+def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
+  """Beam search sums log-probabilities step by step through the cached decoder; the scorer
+  runs the whole target through the full decoder at once. The two must agree."""
+  cfg, tok = loaded.cfg, loaded.src_tok
+  rows = [ids + [tok.eos_id] for ids in tok.encode(lines)]
+  width = max(map(len, rows))
+  src = np.array([r + [tok.pad_id] * (width - len(r)) for r in rows], np.int32)
+  segments = (np.arange(width) < np.array([len(r) for r in rows])[:, None]).astype(np.int32)
+  max_len = width + 6
+  model, variables = Transformer(cfg), {'params': loaded.params}
+
+  @jax.jit
+  def search(src, segments):  # the finished hypotheses [B, K, L] and their scores [B, K]
+    memory = model.apply(variables, src, segments, method=Transformer.encode)
+    cache = model.apply(variables, memory, segments, max_len, method=Transformer.init_cache)
+    step = lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)  # noqa: E731
+    max_lens = jnp.full((len(rows),), max_len)
+    found = beam(beam_size=4, alpha=0.6, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                 pad_id=tok.pad_id, length=max_len)
+    final = decode_loop(lambda s: found.step(s, step, max_lens),
+                        lambda s: jnp.all(found.rows_done(s, max_lens)),
+                        found.init(cache, max_lens), max_len, chunk=max_len)
+    return final.finished, final.scores
+  finished, scores = map(np.asarray, search(src, segments))
+  pairs = [(r, list(finished[r, j]), scores[r, j]) for r in range(len(rows)) for j in range(4)
+           if scores[r, j] > NEG_INF / 2]
+  targets = [np.array(f[:f.index(tok.eos_id) + 1], np.int32) for _, f, _ in pairs]  # with EOS
+  scorer = Scorer(cfg, bos_id=tok.bos_id, pad_id=tok.pad_id, tokens_per_batch=64)
+  scored = scorer.score_ids(loaded.params, [np.array(rows[r], np.int32) for r, _, _ in pairs],
+                            targets)
+  assert sum(len(t) > 1 for t in targets) >= len(rows)  # not only empty translations
+  for target, (_, _, score), s in zip(targets, pairs, scored):
+    assert len(s.token_logprobs) == len(s.alignment) == len(target)
+    assert s.logprob == pytest.approx(float(np.sum(s.token_logprobs)), abs=1e-4)
+    assert s.logprob / float(length_penalty(len(target), 0.6)) == pytest.approx(score, abs=1e-3)
+    assert np.all(s.token_logprobs <= 0) and np.all((0 <= s.alignment) & (s.alignment < width))
+
+
+@pytest.mark.parametrize('compact', [True, False])
+def test_n_best_lists(loaded, lines, compact):
+  decode = DecodeConfig(beam_size=4, max_extra_len=6, compact=compact)
+  found = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
+                     n_best=4).hypotheses(loaded.params, [''] + lines)
+  best = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode).translate_lines(
+      loaded.params, lines)
+  assert found[0] == ([], [])  # an empty line: nothing to translate
+  for (source, hyps), one in zip(found[1:], best):
+    assert source[-1] == '</s>' and 1 <= len(hyps) <= 4
+    assert hyps[0].text == one
+    scores = [h.score for h in hyps]
+    assert scores == sorted(scores, reverse=True) or np.allclose(scores, sorted(scores)[::-1],
+                                                                 atol=1e-4)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)  # distinct hypotheses
+    for h in hyps:
+      assert h.tokens[-1] == '</s>'
+      assert len(h.tokens) == len(h.token_logprobs) == len(h.alignment)
+      assert all(0 <= a < len(source) for a in h.alignment)
+
+
+def _decode(*flags: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'decode.py', *flags], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tmp_path):
+  """--score_reference's scores of decode.py's own translations equal the scores decode.py
+  reported for them, and its scores of other text equal the library's (Translator.score)."""
+  source = tmp_path / 'in.txt'
+  source.write_text('\n'.join(lines) + '\n')
+  out = tmp_path / 'out.jsonl'
+  run = _decode('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(out),
+                '--format', 'jsonl', '--n_best', '2', '--max_extra_len', '6')
+  assert run.returncode == 0, run.stderr[-2000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert len(rows) == len(lines) and all(1 <= len(r['hypotheses']) <= 2 for r in rows)
+  german = (tiny_workdir / 'demo_data' / 'test.de').read_text().splitlines()[:len(lines)]
+  # even lines: decode.py's own 1-best output; odd lines: the reference translation
+  texts = [r['hypotheses'][0]['text'] if i % 2 == 0 else german[i] for i, r in enumerate(rows)]
+  refs = tmp_path / 'refs.txt'
+  refs.write_text(''.join(t + '\n' for t in texts))
+  scores = tmp_path / 'scores.jsonl'
+  run = _decode('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(scores),
+                '--score_reference', str(refs), '--format', 'jsonl')
+  assert run.returncode == 0, run.stderr[-2000:]
+  again = [json.loads(line)['hypotheses'][0] for line in scores.read_text().splitlines()]
+  library = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok).score(loaded.params, lines,
+                                                                         texts)
+  for i, (row, got, (_, expected)) in enumerate(zip(rows, again, library)):
+    reported = row['hypotheses'][0] if i % 2 == 0 else expected.as_json()
+    assert got['tokens'] == reported['tokens'] and got['text'] == texts[i]
+    assert got['logprob'] == pytest.approx(reported['logprob'], abs=1e-4)
+    assert got['token_logprobs'] == pytest.approx(reported['token_logprobs'], abs=1e-4)
+    assert got['alignment'] == reported['alignment']
+  assert len(again[1]['tokens']) > 3  # a real sentence was scored
+
+
+def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
+  source = tmp_path / 'in.txt'
+  source.write_text('\n'.join(lines) + '\n')
+  out = tmp_path / 'out.txt'
+  out.write_text('keep me\n')
+  short = tmp_path / 'short.txt'
+  short.write_text('one line\n')
+  base = ('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(out))
+  for flags, message in [
+      (('--n_best', '5', '--format', 'jsonl'), '--n_best=5 must be at most the beam size (4)'),
+      (('--n_best', '2'), '--n_best=2 needs --format jsonl (text is one line per input)'),
+      (('--score_reference', str(short)), f'--score_reference={short} has 1 lines but the '
+                                          f'input has {len(lines)}')]:
+    run = _decode(*base, *flags)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == f'error: {message}'
+    assert 'Traceback' not in run.stderr
+    assert out.read_text() == 'keep me\n'
