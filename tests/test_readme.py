@@ -29,3 +29,13 @@ def test_readme_test_command_is_what_ci_runs():
   assert 'pytest' not in (ROOT / 'requirements.txt').read_text()
   assert '-r requirements.txt' in (ROOT / 'requirements-dev.txt').read_text()
   assert 'python train.py --config configs/demo.py --workdir demo_run' in readme
+
+
+def test_readme_translator_example_runs(tiny_workdir, capsys):
+  """The README's second example, on the tiny trained workdir instead of demo_run."""
+  block = _python_blocks((ROOT / 'README.md').read_text())[1]
+  assert "load_workdir('demo_run')" in block
+  exec(compile(block.replace("'demo_run'", repr(str(tiny_workdir))), 'README.md', 'exec'), {})  # noqa: S102
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith('[') and len(out) >= 3
+  assert out[-1].startswith('log P(reference) = -') and out[-1].endswith(' subwords')

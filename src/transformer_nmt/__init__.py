@@ -8,12 +8,16 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   training:  smoothed_cross_entropy, rsqrt_warmup, make_optimizer, create_train_state,
              train_step, eval_step
   decoding:  greedy_search, beam_search, length_penalty, translate, translate_greedy
+  a trained workdir: load_workdir, Translator (translate_lines, n-best hypotheses with scores,
+             score of given translations), Hypothesis, DecodeConfig, Scorer
 """
 
-from transformer_nmt.config import ModelConfig, model_config_from_dict
+from transformer_nmt.config import DecodeConfig, ModelConfig, model_config_from_dict
 from transformer_nmt.decoding.beam import beam_search, length_penalty
+from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import greedy_search
 from transformer_nmt.decoding.translate import translate, translate_greedy
+from transformer_nmt.decoding.translator import Hypothesis, Translator, load_workdir
 from transformer_nmt.errors import ConfigError, DataError, UserError
 from transformer_nmt.model.attention import (
                                        KVCache,
@@ -31,10 +35,11 @@ from transformer_nmt.training.state import TrainState, create_train_state, make_
 from transformer_nmt.training.steps import eval_step, train_step
 
 __all__ = [
-    'ConfigError', 'DataError', 'DecoderCache', 'KVCache', 'ModelConfig', 'MultiHeadAttention',
-    'TrainState', 'Transformer', 'UserError', 'attention_weights', 'beam_search', 'causal_mask',
-    'count_params', 'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search',
-    'init_params', 'length_penalty', 'make_optimizer', 'model_config_from_dict', 'padding_mask',
+    'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Hypothesis', 'KVCache',
+    'ModelConfig', 'MultiHeadAttention', 'Scorer', 'TrainState', 'Transformer', 'Translator',
+    'UserError', 'attention_weights', 'beam_search', 'causal_mask', 'count_params',
+    'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search', 'init_params',
+    'length_penalty', 'load_workdir', 'make_optimizer', 'model_config_from_dict', 'padding_mask',
     'rsqrt_warmup', 'sinusoidal_positions', 'smoothed_cross_entropy', 'train_step', 'translate',
     'translate_greedy',
 ]
