@@ -67,11 +67,18 @@ _TEMPERATURE = flags.DEFINE_float('temperature', None, 'Sample with this tempera
 _TOP_K = flags.DEFINE_integer('top_k', None, 'When sampling, only from the k likeliest tokens '
                               '(0 = all).')
 _SEED = flags.DEFINE_integer('seed', None, 'Sampling seed.')
+_MIN_LEN = flags.DEFINE_integer('min_len', None, 'At least this many subwords before EOS '
+                                '(0 = no minimum; the paper uses none).')
+_MAX_LEN = flags.DEFINE_integer('max_len', None, 'At most this many subwords before EOS, '
+                                'whatever the input length (0 = only --max_extra_len).')
+_NO_REPEAT = flags.DEFINE_integer('no_repeat_ngram', None, 'No n-gram of this many subwords '
+                                  'twice in one output (0 = off).')
 # flag -> the decode option it overrides
 _OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'compact': _COMPACT,
               'chunk': _CHUNK, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
-              'max_input_len': _MAX_INPUT,
-              'temperature': _TEMPERATURE, 'top_k': _TOP_K, 'seed': _SEED}
+              'max_input_len': _MAX_INPUT, 'temperature': _TEMPERATURE, 'top_k': _TOP_K,
+              'seed': _SEED, 'min_len': _MIN_LEN, 'max_len': _MAX_LEN,
+              'no_repeat_ngram': _NO_REPEAT}
 DEFAULT_BUFFER = 2000  # lines per block of a file or pipe: memory stays bounded by a block
 _BUFFER = flags.DEFINE_integer('buffer_lines', 0, 'Lines read, translated and written per block '
                                f'(0: 1 when stdin is a terminal, so that a typed line is '

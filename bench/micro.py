@@ -103,7 +103,8 @@ def candidates() -> None:
     return jax.lax.top_k((logprobs[:, :, None] + logp).reshape(b, -1), 2 * k)
 
   def new(logits, logprobs):
-    cand, _ = _candidates(logits, jnp.zeros((b * k,), bool), 2 * k, 2)
+    lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    cand, _ = _candidates(logits, lse, jnp.zeros((b * k,), bool), 2 * k, 2)
     return jax.lax.top_k((logprobs[:, :, None] + cand.reshape(b, k, -1)).reshape(b, -1), 2 * k)
   report('beam candidates, 256 x 4 beams x 8k vocabulary', 'log-softmax, top-k of K*V',
          timed(jax.jit(old), logits, logprobs), 'per-beam top-2K', timed(jax.jit(new), logits,

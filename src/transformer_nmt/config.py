@@ -208,6 +208,12 @@ class DecodeConfig:
   temperature: float = 0.0  # > 0: sample instead of searching (research extra)
   top_k: int = 0  # when sampling, only from the k likeliest tokens (0 = all)
   seed: int = 0  # sampling seed
+  # Output controls, all off (0) as in the paper: at least `min_len` and at most `max_len`
+  # subwords before EOS (max_len also bounds input length + max_extra_len), and no n-gram of
+  # `no_repeat_ngram` subwords twice in one output.
+  min_len: int = 0
+  max_len: int = 0
+  no_repeat_ngram: int = 0
 
   def validate(self) -> DecodeConfig:
     _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
@@ -217,6 +223,11 @@ class DecodeConfig:
            'decode.max_extra_len, decode.top_k and decode.temperature must not be negative')
     _check(self.beam_stop in BEAM_STOPS,
            f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
+    _check(min(self.min_len, self.max_len, self.no_repeat_ngram) >= 0,
+           'decode.min_len, decode.max_len and decode.no_repeat_ngram must be 0 (off) or '
+           'positive')
+    _check(not self.max_len or self.min_len <= self.max_len,
+           f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
     return self
 
 

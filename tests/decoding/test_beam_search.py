@@ -227,3 +227,52 @@ def test_k_finished_stop_keeps_the_first_k_finished():
          for stop in ('bound', 'k_finished')}
   assert out['k_finished'][:2] == [3, EOS]
   assert out['bound'].index(EOS) > 2 and set(out['bound'][:out['bound'].index(EOS)]) == {4}
+
+
+def _allowed(seq: list[int], min_len: int, no_repeat: int) -> bool:
+  body = seq[:-1]
+  if len(body) < min_len:
+    return False
+  grams = [tuple(body[i:i + no_repeat]) for i in range(len(body) - no_repeat + 1)]
+  return not no_repeat or len(grams) == len(set(grams))
+
+
+def _constrained_best(table: np.ndarray, max_len: int, alpha: float, min_len: int,
+                      no_repeat: int) -> list[int]:
+  vocab = table.shape[0]
+  best, best_score = None, -np.inf
+  for n in range(max_len):
+    for body in itertools.product(range(3, vocab), repeat=n):
+      seq = list(body) + [EOS]
+      if not _allowed(seq, min(min_len, max_len - 1), no_repeat):
+        continue
+      logp = sum(table[a, b] for a, b in zip([BOS] + seq[:-1], seq))
+      score = logp / float(length_penalty(len(seq), alpha))
+      if score > best_score:
+        best, best_score = seq, score
+  return best
+
+
+@pytest.mark.parametrize('seed', range(3))
+@pytest.mark.parametrize('min_len,no_repeat', [(3, 0), (2, 2), (3, 1), (4, 2)])
+def test_output_controls_find_the_constrained_best(seed, min_len, no_repeat):
+  """min_len and no_repeat_ngram: a beam wide enough to hold every prefix finds the best
+  output among those allowed (enumerated), with the model's unrenormalised scores; greedy
+  outputs obey them too."""
+  table, max_len = random_table(seed, vocab=6), 5  # 3 real tokens: 27 prefixes of 3
+  ids, score = beam_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([max_len]),
+                           beam_size=27, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                           max_len=max_len, chunk=max_len, min_len=min_len,
+                           no_repeat_ngram=no_repeat)
+  row = np.asarray(ids)[0].tolist()
+  found = row[:row.index(EOS) + 1]
+  expected = _constrained_best(table, max_len, 0.6, min_len, no_repeat)
+  assert found == expected
+  logp = sum(table[a, b] for a, b in zip([BOS] + found[:-1], found))
+  assert float(score[0]) == pytest.approx(logp / float(length_penalty(len(found), 0.6)),
+                                          abs=1e-4)
+  greedy = np.asarray(greedy_search(table_logits_fn(table), jnp.zeros((1,)),
+                                    jnp.array([max_len]), bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                                    max_len=max_len, min_len=min_len,
+                                    no_repeat_ngram=no_repeat))[0].tolist()
+  assert _allowed(greedy[:greedy.index(EOS) + 1], min(min_len, max_len - 1), no_repeat)

@@ -207,3 +207,14 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
   assert piped.stdout.split('\n')[:-1] == whole
   _clean_failure(run_decode('--workdir', str(tiny_workdir), '--buffer_lines', '-1', stdin='x\n'),
                  '--buffer_lines=-1 must be 0')
+
+
+def test_output_controls_bound_every_output(loaded, test_lines):
+  """min_len, max_len and no_repeat_ngram through the Translator (compacting path): the tiny
+  model would end most outputs at once and repeat itself otherwise."""
+  decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=3, max_len=5, no_repeat_ngram=1)
+  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
+  rows = [np.array(ids + [loaded.src_tok.eos_id], np.int32)
+          for ids in loaded.src_tok.encode(test_lines[:8])]
+  for out in translator.translate_ids(loaded.params, rows):
+    assert 3 <= len(out) <= 5 and len(set(out.tolist())) == len(out), out

@@ -138,7 +138,8 @@ def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
       (('--n_best', '5', '--format', 'jsonl'), '--n_best=5 must be at most the beam size (4)'),
       (('--n_best', '2'), '--n_best=2 needs --format jsonl (text is one line per input)'),
       (('--score_reference', str(short)), f'--score_reference={short} has 1 lines but the '
-                                          f'input has {len(lines)}')]:
+                                          f'input has {len(lines)}'),
+      (('--min_len', '5', '--max_len', '3'), '--min_len=5 must not exceed --max_len=3')]:
     run = _decode(*base, *flags)
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1] == f'error: {message}'

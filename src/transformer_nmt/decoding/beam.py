@@ -19,7 +19,14 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import BEAM_STOPS, DECODE
-from transformer_nmt.decoding.search import BeamCache, LogitsFn, Search, decode_loop, padded_length
+from transformer_nmt.decoding.search import (
+  BeamCache,
+  LogitsFn,
+  Search,
+  constrain,
+  decode_loop,
+  padded_length,
+)
 from transformer_nmt.decoding.topk import top_k
 from transformer_nmt.model.attention import NEG_INF
 
@@ -77,14 +84,23 @@ STOPS = BEAM_STOPS
 
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
-         eos_id: int, stop: str = DECODE.beam_stop) -> BeamState:
-  """Extends every live beam by one token, keeping the top K live and top K finished."""
-  batch, k, _ = s.seqs.shape
+         eos_id: int, stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
+         no_repeat_ngram: int = DECODE.no_repeat_ngram) -> BeamState:
+  """Extends every live beam by one token, keeping the top K live and top K finished (under
+  the output controls of `search.constrain`)."""
+  batch, k, length = s.seqs.shape
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
   logits, cache = logits_fn(prev.reshape(-1), s.cache)  # [B*K, V]
   at_limit = jnp.repeat(s.t + 1 >= max_lens, k)  # [B*K]: force EOS at each row's length limit
+  logits = logits.astype(jnp.float32)
+  # The model's own log-probabilities: banned tokens drop out, the others are not renormalised
+  # (as in fairseq), so scores stay those of forced decoding.
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [B*K, 1]
+  if min_len or no_repeat_ngram:
+    logits = constrain(logits, s.seqs.reshape(batch * k, length), s.t, at_limit, eos_id=eos_id,
+                       min_len=min_len, no_repeat_ngram=no_repeat_ngram)
   per_beam = min(2 * k, logits.shape[-1])
-  cand_logp, token = _candidates(logits.astype(jnp.float32), at_limit, per_beam, eos_id)
+  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, k, -1)).reshape(batch, -1)
   # 2K: K finishing beams cannot starve the live ones
   cand_logp, cand = jax.lax.top_k(total, 2 * k)  # [B, 2K] over [B, K * 2K]
@@ -106,16 +122,16 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
                    cache=_reorder(cache, jnp.take_along_axis(beam, live, axis=1)))
 
 
-def _candidates(logits: jax.Array, at_limit: jax.Array, n: int,
+def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
                 eos_id: int) -> tuple[jax.Array, jax.Array]:
-  """Each beam's n best next tokens and their log-probabilities: [N, V] logits -> [N, n] twice.
+  """Each beam's n best next tokens and their log-probabilities: [N, V] logits (and their
+  [N, 1] logsumexp) -> [N, n] twice.
 
   The best n extensions of a sentence are among the best n of each of its beams, so the
   search ranks K * n candidates instead of K * V, with `topk.top_k` in place of `lax.top_k`:
   5x faster than log-softmax and top-k over the whole [B, K * V] (bench/micro.py). Beams
   `at_limit` offer only EOS.
   """
-  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [N, 1]
   values, token = top_k(logits, n)
   only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)
   values = jnp.where(at_limit[:, None], only_eos, values)
@@ -167,7 +183,8 @@ def result(s: BeamState, eos_id: int, pad_id: int, n_best: int = 1) -> jax.Array
 
 
 def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int, length: int,
-         stop: str = DECODE.beam_stop, n_best: int = 1) -> Search:
+         stop: str = DECODE.beam_stop, n_best: int = 1, min_len: int = DECODE.min_len,
+         no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
   """Beam search as a `decoding.Search` over outputs of `length` positions (see
   `beam_search`); its `init` tiles the cache to K beams. With `n_best` > 1 (at most K) its
   result is [B, N, L] (see `result`)."""
@@ -179,7 +196,8 @@ def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int,
       beam_size,
       lambda cache, max_lens: init_state(cache, max_lens.shape[0], beam_size, length, pad_id),
       lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id,
-                                          eos_id=eos_id, stop=stop),
+                                          eos_id=eos_id, stop=stop, min_len=min_len,
+                                          no_repeat_ngram=no_repeat_ngram),
       lambda s, max_lens: rows_done(s, max_lens, alpha, stop),
       lambda s: result(s, eos_id, pad_id, n_best))
 
@@ -187,7 +205,8 @@ def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int,
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
                 alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
                 chunk: int = DECODE.chunk, grow_cache: bool = True,
-                stop: str = DECODE.beam_stop) -> tuple[jax.Array, jax.Array]:
+                stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
+                no_repeat_ngram: int = DECODE.no_repeat_ngram) -> tuple[jax.Array, jax.Array]:
   """Beam search over `logits_fn` (the cache is tiled to K beams here).
 
   Args:
@@ -199,12 +218,14 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_si
     max_len: static output length L; chunk: steps per scan between stopping checks.
     grow_cache: run over growing caches (see `decoding.decode_loop`).
     stop: when a row ends, 'bound' or 'k_finished' (module docstring).
+    min_len, no_repeat_ngram: output controls (search.constrain); 0 = off.
 
   Returns:
     ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
   """
   search = beam(beam_size=beam_size, alpha=alpha, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                length=padded_length(max_len, chunk), stop=stop)
+                length=padded_length(max_len, chunk), stop=stop, min_len=min_len,
+                no_repeat_ngram=no_repeat_ngram)
   final = decode_loop(lambda s: search.step(s, logits_fn, max_lens),
                       lambda s: jnp.all(search.rows_done(s, max_lens)),
                       search.init(cache, max_lens), max_len, chunk, grow_cache)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from transformer_nmt.config import DECODE
 from transformer_nmt.decoding import topk
+from transformer_nmt.model.attention import NEG_INF
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
@@ -125,6 +126,35 @@ class Search:
     return self.result(final)[..., :num_steps]
 
 
+def constrain(logits: jax.Array, ids: jax.Array, t: jax.Array, at_limit: jax.Array, *,
+              eos_id: int, min_len: int = 0, no_repeat_ngram: int = 0) -> jax.Array:
+  """The output controls (config.DecodeConfig; all off by default, as in the paper) on the
+  logits [N, V] of step t for hypotheses ids [N, L] (tokens before t): EOS is impossible
+  before `min_len` subwords, unless the hypothesis is `at_limit` ([N] bool, where EOS is
+  forced), and so is every token that would repeat an n-gram of `no_repeat_ngram` subwords."""
+  if min_len > 0:
+    too_short = (t < min_len) & ~at_limit
+    logits = logits.at[:, eos_id].set(jnp.where(too_short, NEG_INF, logits[:, eos_id]))
+  if no_repeat_ngram > 0:
+    logits = _ban_repeats(logits, ids, t, no_repeat_ngram)
+  return logits
+
+
+def _ban_repeats(logits: jax.Array, ids: jax.Array, t: jax.Array, n: int) -> jax.Array:
+  """Sets to NEG_INF each token that follows an earlier occurrence of the hypothesis's last
+  n - 1 tokens (fairseq's no_repeat_ngram_size), so no n-gram appears twice."""
+  rows, length = ids.shape
+  start = jnp.arange(length)  # where an earlier n-gram starts
+  suffix = jax.lax.dynamic_slice_in_dim(ids, jnp.maximum(t - (n - 1), 0), n - 1, axis=1)
+  same = jnp.ones((rows, length), bool)
+  for k in range(n - 1):  # the n-gram at `start` begins with the current suffix
+    same &= jnp.roll(ids, -k, axis=1) == suffix[:, k:k + 1]
+  follower = jnp.roll(ids, -(n - 1), axis=1)  # its n-th token
+  banned = same & (start + n - 1 < t) & (t >= n - 1)  # an n-gram written before step t
+  return logits.at[jnp.arange(rows)[:, None], follower].min(
+      jnp.where(banned, NEG_INF, jnp.inf).astype(logits.dtype))
+
+
 @flax.struct.dataclass
 class GreedyState:
   """t: [] steps taken; ids: [B, L] output so far; done: [B]; cache: the model's cache."""
@@ -138,9 +168,11 @@ class GreedyState:
 
 def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
            temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-           rng: Optional[jax.Array] = None) -> Search:
+           rng: Optional[jax.Array] = None, min_len: int = DECODE.min_len,
+           no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
   """Greedy decoding (temperature 0), or sampling with temperature and optional top-k, into
-  outputs of `length` positions (see `greedy_search`)."""
+  outputs of `length` positions (see `greedy_search`), under the output controls of
+  `constrain`."""
   def init(cache: Any, max_lens: jax.Array) -> GreedyState:
     if temperature > 0.0 and rng is None:
       raise ValueError('sampling (temperature > 0) needs an rng')
@@ -151,8 +183,12 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
   def step(s: GreedyState, logits_fn: LogitsFn, max_lens: jax.Array) -> GreedyState:
     prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
     logits, cache = logits_fn(prev, s.cache)
+    at_limit = s.t + 1 >= max_lens
+    if min_len or no_repeat_ngram:
+      logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=min_len,
+                         no_repeat_ngram=no_repeat_ngram)
     token = _pick(logits, temperature, top_k, s.rng, s.t)
-    token = jnp.where(s.t + 1 >= max_lens, eos_id, token)  # length limit: close the row
+    token = jnp.where(at_limit, eos_id, token)  # length limit: close the row
     token = jnp.where(s.done, pad_id, token)
     ids = jax.lax.dynamic_update_slice_in_dim(s.ids, token[:, None], s.t, axis=1)
     return s.replace(t=s.t + 1, ids=ids, done=s.done | (token == eos_id), cache=cache)
@@ -163,7 +199,9 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
 def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
                   eos_id: int, pad_id: int, max_len: int, chunk: int = DECODE.chunk,
                   temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-                  rng: Optional[jax.Array] = None, grow_cache: bool = True) -> jax.Array:
+                  rng: Optional[jax.Array] = None, grow_cache: bool = True,
+                  min_len: int = DECODE.min_len,
+                  no_repeat_ngram: int = DECODE.no_repeat_ngram) -> jax.Array:
   """Greedy decoding (temperature 0), or sampling with temperature and optional top-k.
 
   Args:
@@ -175,13 +213,14 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_i
     chunk: decoding steps per `lax.scan` between early-stopping checks.
     grow_cache: run over growing caches (see `decode_loop`); False keeps the full length.
     temperature, top_k, rng: sampling settings (research extra); temperature 0 is argmax.
+    min_len, no_repeat_ngram: output controls (`constrain`); 0 = off.
 
   Returns:
     [B, L] ids: each row's tokens, then EOS, then pad_id.
   """
   search = greedy(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
                   length=padded_length(max_len, chunk), temperature=temperature, top_k=top_k,
-                  rng=rng)
+                  rng=rng, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
   return search.run(logits_fn, cache, max_lens, max_len, chunk, grow_cache)
 
 

@@ -63,11 +63,13 @@ def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
                beam_stop: str = DECODE.beam_stop, temperature: float = DECODE.temperature,
                top_k: int = DECODE.top_k, rng: Optional[jax.Array] = None,
-               n_best: int = 1) -> Search:
+               n_best: int = 1, min_len: int = DECODE.min_len,
+               no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
   """The search `translate` runs for outputs of `length` positions: sampling when
   `temperature` > 0, else beam search when `beam_size` > 1 (its `n_best` hypotheses per
   sentence), else greedy."""
-  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, length=length)
+  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, length=length, min_len=min_len,
+             no_repeat_ngram=no_repeat_ngram)
   if temperature > 0.0:
     return greedy(temperature=temperature, top_k=top_k, rng=rng, **ids)
   if beam_size > 1:
@@ -75,12 +77,22 @@ def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
   return greedy(**ids)
 
 
-def _max_lens(src_segments: jax.Array, max_extra_len: int) -> jax.Array:
-  """[B] output limits: source length + `max_extra_len` (§6.1). Filler rows (no source tokens;
-  they pad a bucket's last batch) end at once: were they left to run to their length limit,
-  every batch would decode for the full max_len steps."""
+def _max_lens(src_segments: jax.Array, max_extra_len: int, max_len: int = 0) -> jax.Array:
+  """[B] output limits in tokens with EOS: source length + `max_extra_len` (§6.1), at most
+  `max_len` subwords and EOS when `max_len` > 0. Filler rows (no source tokens; they pad a
+  bucket's last batch) end at once: were they left to run to their length limit, every batch
+  would decode for the full output length."""
   src_lens = jnp.sum(src_segments > 0, axis=1)
-  return jnp.where(src_lens > 0, src_lens + max_extra_len, 1)
+  limits = src_lens + max_extra_len
+  if max_len > 0:
+    limits = jnp.minimum(limits, max_len + 1)
+  return jnp.where(src_lens > 0, limits, 1)
+
+
+def output_length(src_len: int, max_extra_len: int, max_len: int = 0) -> int:
+  """Static output length of a batch whose sources are padded to `src_len`."""
+  length = src_len + max_extra_len
+  return min(length, max_len + 1) if max_len > 0 else length
 
 
 def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
@@ -89,7 +101,9 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
               chunk: int = DECODE.chunk, cache_mode: str = 'cached',
               temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
               rng: Optional[jax.Array] = None, grow_cache: bool = True,
-              beam_stop: str = DECODE.beam_stop, n_best: int = 1) -> jax.Array:
+              beam_stop: str = DECODE.beam_stop, n_best: int = 1,
+              min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
+              no_repeat_ngram: int = DECODE.no_repeat_ngram) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop
   (with beam search and `n_best` > 1: [B, N, S + max_extra_len], see beam.result).
 
@@ -99,21 +113,23 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   `temperature` > 0 and an `rng`, by sampling (optionally from the `top_k` tokens only).
   With `grow_cache` the self-attention cache starts at 2 chunks and doubles as needed
   (decoding.decode_loop); False keeps it at the full length limit (for benchmarks).
+  `min_len`, `max_len` and `no_repeat_ngram` are the output controls of config.DecodeConfig
+  (off at 0); with `max_len` the output is at most max_len + 1 long.
   Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
   `CompactingTranslate` gives the same outputs faster, dropping finished sentences.
   """
   if cache_mode not in CACHE_MODES:
     raise ValueError(f'cache_mode={cache_mode!r}; expected one of {CACHE_MODES}')
   model, variables = Transformer(cfg), {'params': params}
-  max_len = src.shape[1] + max_extra_len
+  steps = output_length(src.shape[1], max_extra_len, max_len)
   memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
-  length = padded_length(max_len, chunk)
+  length = padded_length(steps, chunk)
   logits_fn, cache = _decoder(model, variables, memory, src_segments, length, cache_mode)
   search = search_for(length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                       alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
-                      rng=rng, n_best=n_best)
-  return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len), max_len, chunk,
-                    grow_cache)
+                      rng=rng, n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+  return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len, max_len), steps,
+                    chunk, grow_cache)
 
 
 class CompactingTranslate:
@@ -126,11 +142,14 @@ class CompactingTranslate:
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
                max_extra_len: int = DECODE.max_extra_len, chunk: int = DECODE.chunk,
                temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-               beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1):
+               beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1,
+               min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
+               no_repeat_ngram: int = DECODE.no_repeat_ngram):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
+    self.max_len = max_len
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                         alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
-                        n_best=n_best)
+                        n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
     model = Transformer(cfg)
     self.decoder = CompactingDecoder(
         lambda length: search_for(length, **self._search),
@@ -145,16 +164,16 @@ class CompactingTranslate:
     memory = model.apply(variables, src, src_segments, method=Transformer.encode)
     cache = model.apply(variables, memory, src_segments, self.decoder.cache_lengths(length)[0],
                         method=Transformer.init_cache)
-    max_lens = _max_lens(src_segments, self.max_extra_len)
+    max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len)
     return search_for(length, rng=rng, **self._search).init(cache, max_lens), max_lens
 
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
                rng: Optional[jax.Array] = None) -> np.ndarray:
     """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate`."""
-    max_len = src.shape[1] + self.max_extra_len
-    length = -(-max_len // self.chunk) * self.chunk
+    steps = output_length(src.shape[1], self.max_extra_len, self.max_len)
+    length = -(-steps // self.chunk) * self.chunk
     state, max_lens = self._start(params, src, src_segments, rng, length)
-    return self.decoder(params, state, max_lens, length)[..., :max_len]
+    return self.decoder(params, state, max_lens, length)[..., :steps]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,

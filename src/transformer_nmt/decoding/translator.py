@@ -167,7 +167,8 @@ class Translator:
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
                   beam_size=d.beam_size, alpha=d.alpha, max_extra_len=d.max_extra_len,
                   chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop,
-                  n_best=n_best)
+                  n_best=n_best, min_len=d.min_len, max_len=d.max_len,
+                  no_repeat_ngram=d.no_repeat_ngram)
     self.compact = d.compact and cache_mode == 'cached'
     if self.compact:
       self._translate = CompactingTranslate(cfg, **search)
