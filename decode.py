@@ -10,6 +10,8 @@ the input whole and prints sacreBLEU with its signature and chrF.
 per-subword log-probabilities and alignment (forced decoding, decoding/scoring.py).
 --score_reference FILE translates nothing: it scores FILE's lines as translations of the
 input (text: "logprob<TAB>score" per line; jsonl: the same object with that one hypothesis).
+--prefix FILE starts each translation with its line's target prefix; --resume continues an
+interrupted run from OUTPUT.partial.
 """
 
 import contextlib
@@ -90,6 +92,13 @@ _N_BEST = flags.DEFINE_integer('n_best', 1, 'Hypotheses per line, best first (at
                                'with fewer: the search stops once no live beam can win.')
 _SCORE_REFERENCE = flags.DEFINE_string('score_reference', None, 'Score these translations of '
                                        'the input (one per line) instead of translating.')
+_PREFIX = flags.DEFINE_string('prefix', None, 'Target prefixes, one per input line (empty: '
+                             'none): each translation starts with its line\'s prefix and the '
+                             'search continues after it.')
+_RESUME = flags.DEFINE_bool('resume', False, 'Keep the translated lines in OUTPUT.partial as '
+                            'they are written; a run interrupted before the end continues '
+                            'after the last complete line there (same input and flags), and '
+                            'OUTPUT.partial becomes OUTPUT at the end.')
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
 _PLOT_COUNT = flags.DEFINE_integer('plot_sentences', 3, 'How many sentences to plot.')
@@ -136,6 +145,40 @@ def _output(path: str) -> Iterator[IO[str]]:
   from transformer_nmt.files import atomic_output
   with atomic_output(path) as f:
     yield f
+
+
+def partial_path(path: str) -> str:
+  return path + '.partial'
+
+
+@contextlib.contextmanager
+def _resumable_output(path: str) -> Iterator[tuple[IO[str], int]]:
+  """(file, lines already there) for --resume: OUTPUT.partial cut after its last complete
+  line (a kill can leave half a line), opened for appending; renamed to OUTPUT once the
+  block ends without an error, else left for the next run."""
+  import os
+  partial = partial_path(path)
+  done = 0
+  if os.path.exists(partial):
+    with open(partial, 'rb+') as f:
+      data = f.read()
+      f.truncate(data.rfind(b'\n') + 1)
+      done = data[:data.rfind(b'\n') + 1].count(b'\n')
+  with open(partial, 'a', encoding='utf-8', newline='\n') as f:
+    yield f, done
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, path)
+
+
+def _skip(blocks: Iterator[list[str]], lines: int) -> Iterator[list[str]]:
+  """The blocks without their first `lines` lines."""
+  for block in blocks:
+    if lines >= len(block):
+      lines -= len(block)
+      continue
+    yield block[lines:]
+    lines = 0
 
 
 def _input_blocks(path: str, size: int) -> Iterator[list[str]]:
@@ -194,15 +237,19 @@ def run() -> None:
   from transformer_nmt.decoding.translator import Translator, load_workdir
   from transformer_nmt.errors import DataError
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
-                                '--score_reference': _SCORE_REFERENCE.value})
+                                '--score_reference': _SCORE_REFERENCE.value,
+                                '--prefix': _PREFIX.value})
   _check_modes()
-  whole = None  # scoring needs every line: then the input is read whole and checked first
-  if _REFERENCE.value or _SCORE_REFERENCE.value:
-    flag = '--reference' if _REFERENCE.value else '--score_reference'
-    path = _REFERENCE.value or _SCORE_REFERENCE.value
-    whole, refs = _read(_INPUT.value), _read(path)
-    if len(refs) != len(whole):
-      raise DataError(f'{flag}={path} has {len(refs)} lines but the input has {len(whole)}')
+  # scoring and prefixes need every line: then the input is read whole and checked first
+  whole, beside = None, {}
+  for flag in (_REFERENCE, _SCORE_REFERENCE, _PREFIX):
+    if flag.value:
+      whole = _read(_INPUT.value) if whole is None else whole
+      beside[flag.name] = _read(flag.value)
+      if len(beside[flag.name]) != len(whole):
+        raise DataError(f'--{flag.name}={flag.value} has {len(beside[flag.name])} lines but '
+                        f'the input has {len(whole)}')
+  refs = beside.get('reference', beside.get('score_reference'))
   if _BUFFER.value < 0:
     raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
   blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
@@ -227,12 +274,22 @@ def run() -> None:
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
   keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
-  count, tokens, kept = _translate_blocks(translator, model, blocks, progress, keep)
+  if _RESUME.value:
+    with _resumable_output(_OUTPUT.value) as (out, done):
+      if done:
+        print(f'resuming after the {done} lines in {partial_path(_OUTPUT.value)}',
+              file=sys.stderr)
+      count, tokens, kept = _translate_blocks(translator, model, _skip(blocks, done), progress,
+                                              keep, out)
+  else:
+    with _output(_OUTPUT.value) as out:
+      count, tokens, kept = _translate_blocks(translator, model, blocks, progress, keep, out,
+                                              beside.get('prefix'))
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
         file=sys.stderr)
-  if whole is not None:
+  if _REFERENCE.value:
     _score([h for _, h in kept], refs)
   if _PLOT.value:
     from transformer_nmt.plots import plot_cross_attention
@@ -242,26 +299,27 @@ def run() -> None:
 
 
 def _translate_blocks(translator: Any, model: Any, blocks: Iterator[list[str]],
-                      progress: _Progress, keep: Optional[int]
+                      progress: _Progress, keep: Optional[int], out: IO[str],
+                      prefixes: Optional[list[str]] = None
                       ) -> tuple[int, int, list[tuple[str, str]]]:
-  """Translates and writes block after block. Returns the sentence and target-token counts
-  and the first `keep` (source, translation) pairs (all with None: for scoring)."""
+  """Translates block after block into `out` (`prefixes`: one per line, with a single
+  block). Returns the sentence and target-token counts and the first `keep` (source,
+  translation) pairs (all with None: for scoring)."""
   count = tokens = 0
   kept: list[tuple[str, str]] = []
-  with _output(_OUTPUT.value) as out:
-    for block in blocks:
-      if _FORMAT.value == 'jsonl':
-        found = translator.hypotheses(model.params, block, progress)
-        hyps = [h[0].text if h else '' for _, h in found]
-        out.write(''.join(_json_line(source, h) for source, h in found))
-      else:
-        hyps = translator.translate_lines(model.params, block, progress)
-        out.write(''.join(h + '\n' for h in hyps))
-      out.flush()  # a block's translations are out before the next block is read
-      count += len(block)
-      tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
-      room = len(block) if keep is None else max(keep - len(kept), 0)
-      kept += list(zip(block, hyps))[:room]
+  for block in blocks:
+    if _FORMAT.value == 'jsonl':
+      found = translator.hypotheses(model.params, block, progress, prefixes)
+      hyps = [h[0].text if h else '' for _, h in found]
+      out.write(''.join(_json_line(source, h) for source, h in found))
+    else:
+      hyps = translator.translate_lines(model.params, block, progress, prefixes)
+      out.write(''.join(h + '\n' for h in hyps))
+    out.flush()  # a block's translations are out before the next block is read
+    count += len(block)
+    tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
+    room = len(block) if keep is None else max(keep - len(kept), 0)
+    kept += list(zip(block, hyps))[:room]
   return count, tokens, kept
 
 
@@ -272,9 +330,14 @@ def _check_modes() -> None:
     raise DataError(f'--n_best={_N_BEST.value} must be at least 1')
   if _N_BEST.value > 1 and _FORMAT.value != 'jsonl':
     raise DataError(f'--n_best={_N_BEST.value} needs --format jsonl (text is one line per input)')
-  if _SCORE_REFERENCE.value and (_REFERENCE.value or _N_BEST.value > 1 or _PLOT.value):
+  if _RESUME.value and (_OUTPUT.value == '-' or _REFERENCE.value or _SCORE_REFERENCE.value
+                        or _PREFIX.value):
+    raise DataError('--resume continues an --output file, and not with --reference, '
+                    '--score_reference or --prefix (they read the input whole)')
+  if _SCORE_REFERENCE.value and (_REFERENCE.value or _N_BEST.value > 1 or _PLOT.value
+                                 or _PREFIX.value):
     raise DataError('--score_reference scores given translations: it takes none of '
-                    '--reference, --n_best, --plot_attention')
+                    '--reference, --n_best, --plot_attention, --prefix')
 
 
 def _json_line(source: list[str], hypotheses: list[Any]) -> str:

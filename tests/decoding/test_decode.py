@@ -218,3 +218,38 @@ def test_output_controls_bound_every_output(loaded, test_lines):
           for ids in loaded.src_tok.encode(test_lines[:8])]
   for out in translator.translate_ids(loaded.params, rows):
     assert 3 <= len(out) <= 5 and len(set(out.tolist())) == len(out), out
+
+
+def test_resume_after_a_kill_ends_with_the_uninterrupted_file(tiny_workdir, test_lines, tmp_path):
+  """--resume: a run killed while waiting for input leaves OUTPUT.partial with the blocks it
+  wrote (plus, here, half a line); the next run continues after the last complete line and
+  ends with the file an uninterrupted run writes."""
+  import os
+  import signal
+  import time
+  lines = test_lines[:9]
+  source = tmp_path / 'in.en'
+  source.write_text('\n'.join(lines) + '\n')
+  flags = ['--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '5',
+           '--buffer_lines', '3']
+  whole = tmp_path / 'whole.de'
+  assert run_decode(*flags, '--input', str(source), '--output', str(whole)).returncode == 0
+  out = tmp_path / 'out.de'
+  partial = tmp_path / 'out.de.partial'
+  proc = subprocess.Popen([sys.executable, 'decode.py', *flags, '--resume', '--output',
+                           str(out)], cwd=ROOT, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdin.write(''.join(line + '\n' for line in lines[:6]).encode())
+  proc.stdin.flush()  # two blocks; the process then waits for a third
+  deadline = time.time() + 240
+  while (partial.read_text().count('\n') if partial.exists() else 0) < 6:
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.2)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  with open(partial, 'a') as f:
+    f.write('half a li')  # as if killed in the middle of a write
+  assert not out.exists()
+  result = run_decode(*flags, '--resume', '--input', str(source), '--output', str(out))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert f'resuming after the 6 lines in {partial}' in result.stderr
+  assert out.read_text() == whole.read_text() and not partial.exists()

@@ -14,7 +14,7 @@ from conftest import ROOT
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.beam import beam, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
-from transformer_nmt.decoding.search import decode_loop
+from transformer_nmt.decoding.search import Prefix, decode_loop
 from transformer_nmt.decoding.translator import Translator, load_workdir
 from transformer_nmt.model.attention import NEG_INF
 from transformer_nmt.model.transformer import Transformer
@@ -139,9 +139,86 @@ def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
       (('--n_best', '2'), '--n_best=2 needs --format jsonl (text is one line per input)'),
       (('--score_reference', str(short)), f'--score_reference={short} has 1 lines but the '
                                           f'input has {len(lines)}'),
-      (('--min_len', '5', '--max_len', '3'), '--min_len=5 must not exceed --max_len=3')]:
+      (('--min_len', '5', '--max_len', '3'), '--min_len=5 must not exceed --max_len=3'),
+      (('--prefix', str(short)), f'--prefix={short} has 1 lines but the input has {len(lines)}')]:
     run = _decode(*base, *flags)
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1] == f'error: {message}'
     assert 'Traceback' not in run.stderr
     assert out.read_text() == 'keep me\n'
+
+
+def test_a_prefix_is_kept_and_scored_like_forced_decoding(loaded, lines):
+  """Beam search from a target prefix: every output starts with it, the search's own scores
+  (prefix tokens included) equal forced decoding's, and greedy's first token after the
+  prefix is the argmax of the teacher-forced model given the prefix."""
+  cfg, src_tok, tgt_tok = loaded.cfg, loaded.src_tok, loaded.tgt_tok
+  german = ['Ein Mann', 'Zwei', 'Die Katze', 'Er', 'Sie spielen', 'Mein Vater']
+  given = [tgt_tok.encode([g])[0] for g in german]
+  decode = DecodeConfig(beam_size=4, max_extra_len=6)
+  found = Translator(cfg, src_tok, tgt_tok, decode, n_best=4).hypotheses(
+      loaded.params, lines, prefixes=german)
+  for (_, hyps), ids, text in zip(found, given, german):
+    for h in hyps:
+      assert h.tokens[:len(ids)] == tgt_tok.pieces(ids) and h.text.startswith(text)
+  beam_out = Translator(cfg, src_tok, tgt_tok, decode).translate_lines(loaded.params, lines,
+                                                                         prefixes=german)
+  assert [h[0].text for _, h in found] == beam_out
+
+  rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in src_tok.encode(lines)]
+  greedy = Translator(cfg, src_tok, tgt_tok, DecodeConfig(beam_size=1, max_extra_len=6))
+  outputs = greedy.translate_ids(loaded.params, rows, prefixes=[np.array(g) for g in given])
+  model = Transformer(cfg)
+  for row, ids, out in zip(rows, given, outputs):
+    assert out[:len(ids)].tolist() == ids
+    logits = model.apply({'params': loaded.params}, row[None], np.array([[tgt_tok.bos_id] + ids]))
+    after = out[len(ids)] if len(out) > len(ids) else tgt_tok.eos_id  # the first free token
+    assert int(np.argmax(logits[0, -1])) == after
+
+
+def test_beam_scores_from_a_prefix_match_forced_decoding(loaded, lines):
+  cfg, tok = loaded.cfg, loaded.src_tok
+  rows = [ids + [tok.eos_id] for ids in tok.encode(lines)]
+  width = max(map(len, rows))
+  src = np.array([r + [tok.pad_id] * (width - len(r)) for r in rows], np.int32)
+  segments = (src != tok.pad_id).astype(np.int32)
+  given = [loaded.tgt_tok.encode(['Ein Hund'])[0][:3]] * len(rows)
+  prefix = np.array([g + [tok.pad_id] * (3 - len(g)) for g in given], np.int32)
+  max_len = width + 6
+  model, variables = Transformer(cfg), {'params': loaded.params}
+
+  @jax.jit
+  def search(src, segments, prefix):
+    memory = model.apply(variables, src, segments, method=Transformer.encode)
+    cache = model.apply(variables, memory, segments, max_len, method=Transformer.init_cache)
+    step = lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)  # noqa: E731
+    max_lens = jnp.full((len(rows),), max_len)
+    found = beam(beam_size=4, alpha=0.6, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                 pad_id=tok.pad_id, length=max_len)
+    start = found.init(cache, max_lens, Prefix(prefix, jnp.sum(prefix != tok.pad_id, axis=1)))
+    final = decode_loop(lambda s: found.step(s, step, max_lens),
+                        lambda s: jnp.all(found.rows_done(s, max_lens)), start, max_len,
+                        chunk=max_len)
+    return final.finished, final.scores
+  finished, scores = map(np.asarray, search(src, segments, prefix))
+  pairs = [(r, list(finished[r, j]), scores[r, j]) for r in range(len(rows)) for j in range(4)
+           if scores[r, j] > NEG_INF / 2]
+  assert len(pairs) >= len(rows)
+  targets = [np.array(f[:f.index(tok.eos_id) + 1], np.int32) for _, f, _ in pairs]
+  scorer = Scorer(cfg, bos_id=tok.bos_id, pad_id=tok.pad_id, tokens_per_batch=64)
+  scored = scorer.score_ids(loaded.params, [np.array(rows[r], np.int32) for r, _, _ in pairs],
+                            targets)
+  for (r, _, score), target, s in zip(pairs, targets, scored):
+    assert target[:len(given[r])].tolist() == given[r]
+    assert s.logprob / float(length_penalty(len(target), 0.6)) == pytest.approx(score, abs=1e-3)
+
+
+def test_decode_with_prefixes(tiny_workdir, lines, tmp_path):
+  source, prefixes, out = tmp_path / 'in.txt', tmp_path / 'prefix.txt', tmp_path / 'out.txt'
+  source.write_text('\n'.join(lines[:3]) + '\n')
+  prefixes.write_text('Ein Mann\n\nZwei Hunde\n')  # the second line has none
+  run = _decode('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(out),
+                '--prefix', str(prefixes), '--beam_size', '2', '--max_extra_len', '4')
+  assert run.returncode == 0, run.stderr[-2000:]
+  first, _, third = out.read_text().splitlines()
+  assert first.startswith('Ein Mann') and third.startswith('Zwei Hunde')

@@ -12,7 +12,7 @@ Dimension legend: B batch, K beam, L output length, V vocab.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import jax
@@ -22,6 +22,7 @@ from transformer_nmt.config import BEAM_STOPS, DECODE
 from transformer_nmt.decoding.search import (
   BeamCache,
   LogitsFn,
+  Prefix,
   Search,
   constrain,
   decode_loop,
@@ -62,7 +63,7 @@ def gather_beams(tree: Any, beam_idx: jax.Array) -> Any:
 class BeamState:
   """t: [] steps taken. seqs: [B, K, L] token ids; logprobs: [B, K] log P of live beams;
   finished: [B, K, L]; scores: [B, K] length-normalised finished scores (NEG_INF: empty);
-  cache: decoder cache with leaves [B*K, ...]."""
+  cache: decoder cache with leaves [B*K, ...]; prefix: the tokens each output starts with."""
 
   t: jax.Array
   seqs: jax.Array
@@ -70,14 +71,16 @@ class BeamState:
   finished: jax.Array
   scores: jax.Array
   cache: Any
+  prefix: Optional[Prefix] = None
 
 
-def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int) -> BeamState:
+def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
+               prefix: Optional[Prefix] = None) -> BeamState:
   """Only beam 0 is live at first, so the first step does not pick K copies of one token."""
   logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1)), (batch, 1))
   seqs = jnp.full((batch, beam_size, length), pad_id, jnp.int32)
   return BeamState(jnp.int32(0), seqs, logprobs, seqs, jnp.full((batch, beam_size), NEG_INF),
-                   tile_beams(cache, beam_size))
+                   tile_beams(cache, beam_size), prefix)
 
 
 STOPS = BEAM_STOPS
@@ -99,6 +102,10 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   if min_len or no_repeat_ngram:
     logits = constrain(logits, s.seqs.reshape(batch * k, length), s.t, at_limit, eos_id=eos_id,
                        min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+  if s.prefix is not None:  # inside its prefix a beam has one candidate: the given token
+    forced, given = (jnp.repeat(x, k) for x in s.prefix.forced(s.t))
+    other = jnp.arange(logits.shape[-1]) != given[:, None]
+    logits = jnp.where(forced[:, None] & other, NEG_INF, logits)
   per_beam = min(2 * k, logits.shape[-1])
   cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, k, -1)).reshape(batch, -1)
@@ -119,7 +126,8 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
                                  keep[:, :, None], axis=1)
   return BeamState(t=s.t + 1, seqs=jnp.take_along_axis(seqs, live[:, :, None], axis=1),
                    logprobs=live_logp, finished=finished, scores=scores,
-                   cache=_reorder(cache, jnp.take_along_axis(beam, live, axis=1)))
+                   cache=_reorder(cache, jnp.take_along_axis(beam, live, axis=1)),
+                   prefix=s.prefix)
 
 
 def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
@@ -194,7 +202,8 @@ def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int,
     raise ValueError(f'n_best={n_best} must be between 1 and the beam size {beam_size}')
   return Search(
       beam_size,
-      lambda cache, max_lens: init_state(cache, max_lens.shape[0], beam_size, length, pad_id),
+      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], beam_size,
+                                                      length, pad_id, prefix),
       lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id,
                                           eos_id=eos_id, stop=stop, min_len=min_len,
                                           no_repeat_ngram=no_repeat_ngram),

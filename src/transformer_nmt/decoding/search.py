@@ -98,6 +98,19 @@ def padded_length(max_len: int, chunk: int) -> int:
   return -(-max_len // chunk) * chunk
 
 
+@flax.struct.dataclass
+class Prefix:
+  """Given first tokens of each output (a target prefix, beam search continues after it):
+  ids [B, P] (anything after a row's own prefix), lens [B] (0: no prefix)."""
+
+  ids: jax.Array
+  lens: jax.Array
+
+  def forced(self, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """([B] bool: the row is still inside its prefix at step t, [B] the token it must take)."""
+    return t < self.lens, self.ids[:, jnp.minimum(t, self.ids.shape[1] - 1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Search:
   """A search as the loops that drive it see it: `decode_loop` inside one jit, or
@@ -105,24 +118,26 @@ class Search:
 
   beams: K hypotheses per sentence (1 for greedy); a state's per-sentence leaves are [B, ...]
     and its per-hypothesis leaves [B*K, ...] (`compaction.take_rows` relies on it).
-  init(cache, max_lens) -> state, from the decoder cache for B sentences.
+  init(cache, max_lens, prefix=None) -> state, from the decoder cache for B sentences (and
+    an optional `Prefix` every output starts with).
   step(state, logits_fn, max_lens) -> state, one more token per live hypothesis.
   rows_done(state, max_lens) -> [B] bool; a done row must stay done and unchanged.
   result(state) -> [B, L] ids: tokens, EOS, then padding ([B, N, L] for an n-best beam).
   """
 
   beams: int
-  init: Callable[[Any, jax.Array], Any]
+  init: Callable[..., Any]
   step: Callable[[Any, LogitsFn, jax.Array], Any]
   rows_done: Callable[[Any, jax.Array], jax.Array]
   result: Callable[[Any], jax.Array]
 
   def run(self, logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, num_steps: int,
-          chunk: int = DECODE.chunk, grow_cache: bool = True) -> jax.Array:
+          chunk: int = DECODE.chunk, grow_cache: bool = True,
+          prefix: Optional[Prefix] = None) -> jax.Array:
     """The whole search in one jittable loop (`decode_loop`): [B, (N,) num_steps] ids."""
     final = decode_loop(lambda s: self.step(s, logits_fn, max_lens),
                         lambda s: jnp.all(self.rows_done(s, max_lens)),
-                        self.init(cache, max_lens), num_steps, chunk, grow_cache)
+                        self.init(cache, max_lens, prefix), num_steps, chunk, grow_cache)
     return self.result(final)[..., :num_steps]
 
 
@@ -164,6 +179,7 @@ class GreedyState:
   done: jax.Array
   cache: Any
   rng: Optional[jax.Array] = None
+  prefix: Optional[Prefix] = None
 
 
 def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
@@ -173,12 +189,12 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
   """Greedy decoding (temperature 0), or sampling with temperature and optional top-k, into
   outputs of `length` positions (see `greedy_search`), under the output controls of
   `constrain`."""
-  def init(cache: Any, max_lens: jax.Array) -> GreedyState:
+  def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
     if temperature > 0.0 and rng is None:
       raise ValueError('sampling (temperature > 0) needs an rng')
     batch = max_lens.shape[0]
     return GreedyState(jnp.int32(0), jnp.full((batch, length), pad_id, jnp.int32),
-                       jnp.zeros((batch,), bool), cache, rng)
+                       jnp.zeros((batch,), bool), cache, rng, prefix)
 
   def step(s: GreedyState, logits_fn: LogitsFn, max_lens: jax.Array) -> GreedyState:
     prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
@@ -188,6 +204,9 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
       logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=min_len,
                          no_repeat_ngram=no_repeat_ngram)
     token = _pick(logits, temperature, top_k, s.rng, s.t)
+    if s.prefix is not None:
+      forced, given = s.prefix.forced(s.t)
+      token = jnp.where(forced, given, token)
     token = jnp.where(at_limit, eos_id, token)  # length limit: close the row
     token = jnp.where(s.done, pad_id, token)
     ids = jax.lax.dynamic_update_slice_in_dim(s.ids, token[:, None], s.t, axis=1)

@@ -18,7 +18,7 @@ import numpy as np
 from transformer_nmt.config import DECODE, ModelConfig
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
-from transformer_nmt.decoding.search import LogitsFn, Search, greedy, padded_length
+from transformer_nmt.decoding.search import LogitsFn, Prefix, Search, greedy, padded_length
 from transformer_nmt.model.transformer import Transformer
 
 CACHE_MODES = ('cached', 'no_cross_reuse', 'uncached')
@@ -77,22 +77,34 @@ def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
   return greedy(**ids)
 
 
-def _max_lens(src_segments: jax.Array, max_extra_len: int, max_len: int = 0) -> jax.Array:
-  """[B] output limits in tokens with EOS: source length + `max_extra_len` (§6.1), at most
-  `max_len` subwords and EOS when `max_len` > 0. Filler rows (no source tokens; they pad a
-  bucket's last batch) end at once: were they left to run to their length limit, every batch
-  would decode for the full output length."""
+def _max_lens(src_segments: jax.Array, max_extra_len: int, max_len: int = 0,
+              prefix: Optional[Prefix] = None) -> jax.Array:
+  """[B] output limits in tokens with EOS: source length + `max_extra_len` (§6.1), or prefix
+  length + `max_extra_len` if longer; at most `max_len` subwords and EOS when `max_len` > 0,
+  but always room for the prefix and EOS. Filler rows (no source tokens; they pad a bucket's
+  last batch) end at once: were they left to run to their length limit, every batch would
+  decode for the full output length."""
   src_lens = jnp.sum(src_segments > 0, axis=1)
-  limits = src_lens + max_extra_len
+  given = jnp.zeros_like(src_lens) if prefix is None else prefix.lens
+  limits = jnp.maximum(src_lens, given) + max_extra_len
   if max_len > 0:
-    limits = jnp.minimum(limits, max_len + 1)
+    limits = jnp.maximum(jnp.minimum(limits, max_len + 1), given + 1)
   return jnp.where(src_lens > 0, limits, 1)
 
 
-def output_length(src_len: int, max_extra_len: int, max_len: int = 0) -> int:
-  """Static output length of a batch whose sources are padded to `src_len`."""
-  length = src_len + max_extra_len
-  return min(length, max_len + 1) if max_len > 0 else length
+def output_length(src_len: int, max_extra_len: int, max_len: int = 0,
+                  prefix_len: int = 0) -> int:
+  """Static output length of a batch whose sources are padded to `src_len` and prefixes to
+  `prefix_len` (the largest `_max_lens` can give)."""
+  length = max(src_len, prefix_len) + max_extra_len
+  return max(min(length, max_len + 1), prefix_len + 1) if max_len > 0 else length
+
+
+def as_prefix(ids: Optional[jax.Array], pad_id: int) -> Optional[Prefix]:
+  """[B, P] target prefixes padded with `pad_id` (a row of padding: none) -> a Prefix."""
+  if ids is None:
+    return None
+  return Prefix(ids, jnp.sum(ids != pad_id, axis=1))
 
 
 def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
@@ -103,7 +115,8 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
               rng: Optional[jax.Array] = None, grow_cache: bool = True,
               beam_stop: str = DECODE.beam_stop, n_best: int = 1,
               min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
-              no_repeat_ngram: int = DECODE.no_repeat_ngram) -> jax.Array:
+              no_repeat_ngram: int = DECODE.no_repeat_ngram,
+              prefix: Optional[jax.Array] = None) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop
   (with beam search and `n_best` > 1: [B, N, S + max_extra_len], see beam.result).
 
@@ -114,22 +127,25 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   With `grow_cache` the self-attention cache starts at 2 chunks and doubles as needed
   (decoding.decode_loop); False keeps it at the full length limit (for benchmarks).
   `min_len`, `max_len` and `no_repeat_ngram` are the output controls of config.DecodeConfig
-  (off at 0); with `max_len` the output is at most max_len + 1 long.
+  (off at 0); with `max_len` the output is at most max_len + 1 long. `prefix` [B, P] (padded
+  with `pad_id`) gives the tokens each output must start with; the search continues after.
   Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
   `CompactingTranslate` gives the same outputs faster, dropping finished sentences.
   """
   if cache_mode not in CACHE_MODES:
     raise ValueError(f'cache_mode={cache_mode!r}; expected one of {CACHE_MODES}')
   model, variables = Transformer(cfg), {'params': params}
-  steps = output_length(src.shape[1], max_extra_len, max_len)
+  given = as_prefix(prefix, pad_id)
+  steps = output_length(src.shape[1], max_extra_len, max_len, 0 if prefix is None else
+                        prefix.shape[1])
   memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
   length = padded_length(steps, chunk)
   logits_fn, cache = _decoder(model, variables, memory, src_segments, length, cache_mode)
   search = search_for(length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                       alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
                       rng=rng, n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-  return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len, max_len), steps,
-                    chunk, grow_cache)
+  return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len, max_len, given),
+                    steps, chunk, grow_cache, given)
 
 
 class CompactingTranslate:
@@ -156,23 +172,27 @@ class CompactingTranslate:
         lambda params: lambda ids, c: model.apply({'params': params}, ids, c,
                                                   method=Transformer.decode_step),
         chunk, min_rows)
-    self._start = jax.jit(self._start_impl, static_argnums=(4,))
+    self._start = jax.jit(self._start_impl, static_argnums=(5,))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
-                  rng: Optional[jax.Array], length: int) -> tuple[Any, jax.Array]:
+                  rng: Optional[jax.Array], prefix: Optional[jax.Array],
+                  length: int) -> tuple[Any, jax.Array]:
     model, variables = Transformer(self.cfg), {'params': params}
     memory = model.apply(variables, src, src_segments, method=Transformer.encode)
     cache = model.apply(variables, memory, src_segments, self.decoder.cache_lengths(length)[0],
                         method=Transformer.init_cache)
-    max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len)
-    return search_for(length, rng=rng, **self._search).init(cache, max_lens), max_lens
+    given = as_prefix(prefix, self._search['pad_id'])
+    max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
+    return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens
 
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
-               rng: Optional[jax.Array] = None) -> np.ndarray:
-    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate`."""
-    steps = output_length(src.shape[1], self.max_extra_len, self.max_len)
+               rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None
+               ) -> np.ndarray:
+    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`)."""
+    steps = output_length(src.shape[1], self.max_extra_len, self.max_len,
+                          0 if prefix is None else prefix.shape[1])
     length = -(-steps // self.chunk) * self.chunk
-    state, max_lens = self._start(params, src, src_segments, rng, length)
+    state, max_lens = self._start(params, src, src_segments, rng, prefix, length)
     return self.decoder(params, state, max_lens, length)[..., :steps]
 
 

@@ -179,12 +179,15 @@ class Translator:
                          tokens_per_batch=d.tokens_per_batch)
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
-                    progress: Optional[Callable[[int], None]] = None) -> list[np.ndarray]:
-    """rows: source ids ending in EOS -> output ids (without EOS), in the order of `rows`."""
-    return [best[0] for best in self._search(params, rows, progress)]
+                    progress: Optional[Callable[[int], None]] = None,
+                    prefixes: Optional[Sequence[np.ndarray]] = None) -> list[np.ndarray]:
+    """rows: source ids ending in EOS -> output ids (without EOS), in the order of `rows`;
+    each output starts with its row's prefix ids (target ids, no EOS) when given."""
+    return [best[0] for best in self._search(params, rows, progress, prefixes)]
 
   def _search(self, params: Any, rows: Sequence[np.ndarray],
-              progress: Optional[Callable[[int], None]] = None) -> list[list[np.ndarray]]:
+              progress: Optional[Callable[[int], None]] = None,
+              prefixes: Optional[Sequence[np.ndarray]] = None) -> list[list[np.ndarray]]:
     """rows -> each row's hypotheses (ids without EOS), best first: 1 to n_best of them."""
     out: list[list[np.ndarray]] = [[np.zeros(0, np.int32)]] * len(rows)
     if not rows:
@@ -198,8 +201,9 @@ class Translator:
     eos = self.tgt_tok.eos_id
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
-      ids = np.asarray(self._translate(params, src, segments,
-                                       rng=jax.random.fold_in(self._rng, i)))  # [rows, (N,) L]
+      given = {} if prefixes is None else {'prefix': _padded(prefixes, plan, self.tgt_tok.pad_id)}
+      ids = np.asarray(self._translate(params, src, segments, rng=jax.random.fold_in(self._rng, i),
+                                       **given))  # [rows, (N,) L]
       for row, example in enumerate(plan.examples):
         found = ids[row] if ids.ndim == 3 else ids[row][None]
         # An n-best slot without a hypothesis holds no EOS (beam.result); the first always has.
@@ -209,15 +213,17 @@ class Translator:
     return out
 
   def hypotheses(self, params: Any, lines: Sequence[str],
-                 progress: Optional[Callable[[int], None]] = None
+                 progress: Optional[Callable[[int], None]] = None,
+                 prefixes: Optional[Sequence[str]] = None
                  ) -> list[tuple[list[str], list[Hypothesis]]]:
     """Sentences -> per line (source subwords with EOS, up to n_best hypotheses, best first),
-    each hypothesis scored by forced decoding. An empty line gives no hypotheses. A line
-    longer than `decode.max_input_len` tokens gives one hypothesis: its pieces' best
-    translations joined (see `translate_lines`), scores summed, alignments into the line."""
+    each hypothesis scored by forced decoding (prefix included). An empty line gives no
+    hypotheses. A line longer than `decode.max_input_len` tokens gives one hypothesis: its
+    pieces' best translations joined (see `translate_lines`), scores summed, alignments into
+    the line."""
     pieces, owner = self._split(lines)
     rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
-    found = self._search(params, rows, progress)
+    found = self._search(params, rows, progress, self._prefix_ids(prefixes, owner))
     pairs = [(rows[p], h) for p, hyps in enumerate(found) for h in hyps]
     eos = np.array([self.tgt_tok.eos_id], np.int32)
     scored = iter(self.scorer.score_ids(params, [s for s, _ in pairs],
@@ -255,18 +261,30 @@ class Translator:
                       [int(x) for x in scored.alignment])
 
   def translate_lines(self, params: Any, lines: Sequence[str],
-                      progress: Optional[Callable[[int], None]] = None) -> list[str]:
-    """Sentences -> translations; an empty line gives an empty line. A line longer than
-    `decode.max_input_len` tokens is translated in pieces (see `_pieces`), which are joined
-    with spaces; how many lines were split or truncated goes to the log."""
+                      progress: Optional[Callable[[int], None]] = None,
+                      prefixes: Optional[Sequence[str]] = None) -> list[str]:
+    """Sentences -> translations; an empty line gives an empty line. With `prefixes` (one
+    target text per line, '' for none) each translation starts with its line's prefix. A
+    line longer than `decode.max_input_len` tokens is translated in pieces (see `_pieces`),
+    which are joined with spaces (the prefix starts the first); how many lines were split or
+    truncated goes to the log."""
     pieces, owner = self._split(lines)
     rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
-    outputs = self.translate_ids(params, rows, progress)
+    outputs = self.translate_ids(params, rows, progress, self._prefix_ids(prefixes, owner))
     texts = self.tgt_tok.decode([o.tolist() for o in outputs])
     result: list[list[str]] = [[] for _ in lines]
     for i, text in zip(owner, texts):
       result[i].append(text)
     return [' '.join(part for part in parts if part) for parts in result]
+
+  def _prefix_ids(self, prefixes: Optional[Sequence[str]], owner: Sequence[int]
+                  ) -> Optional[list[np.ndarray]]:
+    """Each piece's target prefix ids: its line's prefix for a line's first piece, else none."""
+    if prefixes is None:
+      return None
+    ids = self.tgt_tok.encode(list(prefixes))
+    return [np.array(ids[line] if p == 0 or owner[p - 1] != line else [], np.int32)
+            for p, line in enumerate(owner)]
 
   def _split(self, lines: Sequence[str]) -> tuple[list[list[int]], list[int]]:
     """The source ids of every non-empty line, long lines in pieces (`_pieces`), and the
@@ -305,6 +323,16 @@ class Translator:
 
 
 _SENTENCE_END = re.compile(r'(?<=[.!?;:\u3002\uff01\uff1f])\s+')  # after . ! ? ; : and CJK ones
+
+
+def _padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int) -> np.ndarray:
+  """The plan's rows' prefixes as [rows, P], padded with `pad_id`; P is rounded up to a
+  multiple of 8, so that few shapes compile."""
+  width = -(-max([len(prefixes[i]) for i in plan.examples] + [1]) // 8) * 8
+  out = np.full((plan.rows, width), pad_id, np.int32)
+  for row, i in enumerate(plan.examples):
+    out[row, :len(prefixes[i])] = prefixes[i]
+  return out
 
 
 def _joined(first: Hypothesis, then: Hypothesis, offset: int, alpha: float) -> Hypothesis:
