@@ -25,7 +25,10 @@ from absl import app, flags
 from transformer_nmt.cli import main_running, use_compile_cache
 from transformer_nmt.config import BEAM_STOPS, DECODE, DecodeConfig
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
+_WORKDIR = flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an '
+                                     'ensemble (log-probabilities averaged at every step; the '
+                                     'members must share their vocabularies; search settings '
+                                     'from the first).', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
 _BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
 _AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: '
@@ -234,7 +237,7 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 
 
 def run() -> None:
-  from transformer_nmt.decoding.translator import Translator, load_workdir
+  from transformer_nmt.decoding.translator import Translator, load_ensemble
   from transformer_nmt.errors import DataError
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
                                 '--score_reference': _SCORE_REFERENCE.value,
@@ -256,13 +259,14 @@ def run() -> None:
   _settings(DECODE)  # a bad flag fails before the model loads
   if _COMPILE_CACHE.value:  # before loading, which compiles too
     from transformer_nmt.workdir import Workdir
-    use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
-  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+    use_compile_cache(str(Workdir(_WORKDIR.value[0]).compile_cache))
+  model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
   decode = _settings(model.decode)
   search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
             if decode.temperature > 0 else
             f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
-  print(f'checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
+  members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
+  print(f'{members}checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
   if _N_BEST.value > decode.beam_size:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:
@@ -334,6 +338,8 @@ def _check_modes() -> None:
                         or _PREFIX.value):
     raise DataError('--resume continues an --output file, and not with --reference, '
                     '--score_reference or --prefix (they read the input whole)')
+  if _PLOT.value and len(_WORKDIR.value) > 1:
+    raise DataError('--plot_attention shows one model; give one --workdir')
   if _SCORE_REFERENCE.value and (_REFERENCE.value or _N_BEST.value > 1 or _PLOT.value
                                  or _PREFIX.value):
     raise DataError('--score_reference scores given translations: it takes none of '

@@ -18,6 +18,8 @@ import numpy as np
 
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.model.transformer import Transformer
 
 
@@ -31,25 +33,36 @@ class Scored:
   alignment: np.ndarray  # [T + 1] int
 
 
-def token_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+def token_scores(cfg: Models, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
   """Teacher-forced log P of each `tgt_out` token [B, T] and its aligned source position
-  [B, T] (argmax over S of the last decoder layer's cross-attention, mean over heads)."""
+  [B, T] (argmax over S of the last decoder layer's cross-attention, mean over heads). For
+  an ensemble, log P is that of the normalised mean of the members' log-probabilities (as
+  in decoding/ensemble.py) and the alignment the first member's."""
+  scored = [_member_scores(c, p, batch) for c, p in ensemble.members(cfg, params)]
+  logp = jnp.mean(jnp.stack([s for s, _ in scored]), axis=0)  # [B, T, V]
+  if ensemble.is_ensemble(cfg):
+    logp = jax.nn.log_softmax(logp, axis=-1)
+  target = jnp.take_along_axis(logp, batch['tgt_out'][..., None], axis=-1)[..., 0]
+  return target, scored[0][1]
+
+
+def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+  """One model's log-probabilities [B, T, V] and alignment [B, T]."""
   logits, state = Transformer(cfg).apply(
       {'params': params}, batch['src'], batch['tgt_in'], batch['src_segments'],
       batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
       mutable=['intermediates'])
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
-  target = jnp.take_along_axis(logp, batch['tgt_out'][..., None], axis=-1)[..., 0]
   last = state['intermediates'][f'decoder_layers_{cfg.num_layers - 1}']
   weights = last['cross_attention']['attention_weights'][0]  # [B, H, T, S]
-  return target, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
+  return logp, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
 
 
 class Scorer:
   """Scores (source, target) id rows in length buckets of about `tokens_per_batch` padded
   tokens per side; one compile per bucket shape."""
 
-  def __init__(self, cfg: ModelConfig, *, bos_id: int, pad_id: int, tokens_per_batch: int):
+  def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
     self._scores = jax.jit(functools.partial(token_scores, cfg))
 

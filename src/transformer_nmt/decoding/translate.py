@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import DECODE, ModelConfig
+from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
+from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.search import LogitsFn, Prefix, Search, greedy, padded_length
 from transformer_nmt.model.transformer import Transformer
 
@@ -34,9 +36,15 @@ class PrefixState:
   t: jax.Array
 
 
-def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segments: jax.Array,
-             length: int, cache_mode: str) -> tuple[LogitsFn, Any]:
+def _decoder(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array, length: int,
+             cache_mode: str) -> tuple[LogitsFn, Any]:
   """(logits_fn, initial cache) for one decoder variant; the cache holds `length` positions."""
+  if cache_mode == 'cached':  # the one an ensemble can take
+    return ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, src_segments, length)
+  if ensemble.is_ensemble(cfg):
+    raise ValueError(f'cache_mode={cache_mode!r} decodes one model; an ensemble needs cached')
+  model, variables = Transformer(cfg), {'params': params}
+  memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
   if cache_mode == 'uncached':
     prefix = jnp.zeros((memory.shape[0], length), jnp.int32)
     state = PrefixState(memory, src_segments, prefix, jnp.zeros((), jnp.int32))
@@ -50,8 +58,6 @@ def _decoder(model: Transformer, variables: dict, memory: jax.Array, src_segment
     return recompute, state
 
   cache = model.apply(variables, memory, src_segments, length, method=Transformer.init_cache)
-  if cache_mode == 'cached':
-    return (lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)), cache
 
   def no_reuse(ids_t: jax.Array, c: tuple) -> tuple[jax.Array, tuple]:
     logits, dec = model.apply(variables, ids_t, c[0], c[1], method=Transformer.decode_step)
@@ -107,7 +113,7 @@ def as_prefix(ids: Optional[jax.Array], pad_id: int) -> Optional[Prefix]:
   return Prefix(ids, jnp.sum(ids != pad_id, axis=1))
 
 
-def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
+def translate(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array, *,
               bos_id: int, eos_id: int, pad_id: int, beam_size: int = DECODE.beam_size,
               alpha: float = DECODE.alpha, max_extra_len: int = DECODE.max_extra_len,
               chunk: int = DECODE.chunk, cache_mode: str = 'cached',
@@ -120,6 +126,7 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop
   (with beam search and `n_best` > 1: [B, N, S + max_extra_len], see beam.result).
 
+  `cfg` and `params` are one model's, or tuples of an ensemble's (decoding/ensemble.py).
   Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
   decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`, rows ending as
   `beam_stop` says: 'bound' or 'k_finished', see beam_search.py), greedily, or, with
@@ -134,13 +141,11 @@ def translate(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.A
   """
   if cache_mode not in CACHE_MODES:
     raise ValueError(f'cache_mode={cache_mode!r}; expected one of {CACHE_MODES}')
-  model, variables = Transformer(cfg), {'params': params}
   given = as_prefix(prefix, pad_id)
   steps = output_length(src.shape[1], max_extra_len, max_len, 0 if prefix is None else
                         prefix.shape[1])
-  memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
   length = padded_length(steps, chunk)
-  logits_fn, cache = _decoder(model, variables, memory, src_segments, length, cache_mode)
+  logits_fn, cache = _decoder(cfg, params, src, src_segments, length, cache_mode)
   search = search_for(length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                       alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
                       rng=rng, n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
@@ -154,7 +159,7 @@ class CompactingTranslate:
   float rounding in matmuls of other batch sizes), as a numpy array. Sampling draws differ,
   since a row's draws depend on its place in the batch."""
 
-  def __init__(self, cfg: ModelConfig, *, bos_id: int, eos_id: int, pad_id: int,
+  def __init__(self, cfg: Models, *, bos_id: int, eos_id: int, pad_id: int,
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
                max_extra_len: int = DECODE.max_extra_len, chunk: int = DECODE.chunk,
                temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
@@ -166,21 +171,16 @@ class CompactingTranslate:
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                         alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
                         n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-    model = Transformer(cfg)
-    self.decoder = CompactingDecoder(
-        lambda length: search_for(length, **self._search),
-        lambda params: lambda ids, c: model.apply({'params': params}, ids, c,
-                                                  method=Transformer.decode_step),
-        chunk, min_rows)
+    self.decoder = CompactingDecoder(lambda length: search_for(length, **self._search),
+                                     lambda params: ensemble.step_fn(cfg, params), chunk,
+                                     min_rows)
     self._start = jax.jit(self._start_impl, static_argnums=(5,))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],
                   length: int) -> tuple[Any, jax.Array]:
-    model, variables = Transformer(self.cfg), {'params': params}
-    memory = model.apply(variables, src, src_segments, method=Transformer.encode)
-    cache = model.apply(variables, memory, src_segments, self.decoder.cache_lengths(length)[0],
-                        method=Transformer.init_cache)
+    cache = ensemble.start(self.cfg, params, src, src_segments,
+                           self.decoder.cache_lengths(length)[0])
     given = as_prefix(prefix, self._search['pad_id'])
     max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
     return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens

@@ -17,6 +17,7 @@ from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.beam import length_penalty
+from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError, DataError
@@ -27,7 +28,7 @@ from transformer_nmt.workdir import Workdir
 class LoadedModel:
   """A workdir's model config, parameters, tokenizers and which checkpoints they come from."""
 
-  cfg: ModelConfig
+  cfg: Models  # a tuple for an ensemble (load_ensemble), as params
   params: Any
   src_tok: Tokenizer
   tgt_tok: Tokenizer
@@ -67,6 +68,27 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
     ckpt.close()
   _check_vocab(params, cfg, tgt_tok)
   return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
+
+
+def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[int] = None,
+                  average_last: int = 0, best: bool = False) -> LoadedModel:
+  """One workdir's model (`load_workdir`), or several as an ensemble: configs and parameters
+  as tuples (decoding/ensemble.py), the first workdir's tokenizers, config and decode
+  settings. Members must use the same SentencePiece models, else a DataError names the first
+  that differs."""
+  models = [load_workdir(w, checkpoint, average_last, best) for w in workdirs]
+  if len(models) == 1:
+    return models[0]
+  first = models[0]
+  for workdir, m in zip(workdirs[1:], models[1:]):
+    for side in ('src', 'tgt'):
+      mine, theirs = getattr(m, f'{side}_tok'), getattr(first, f'{side}_tok')
+      if mine.fingerprint != theirs.fingerprint:
+        raise DataError(f'ensemble member {workdir} has another {side} vocabulary ({mine.path}) '
+                        f'than {workdirs[0]} ({theirs.path}); members must share both')
+  return dataclasses.replace(first, cfg=tuple(m.cfg for m in models),
+                             params=tuple(m.params for m in models),
+                             steps=[s for m in models for s in m.steps])
 
 
 def _read_params(ckpt: Checkpointer, step: int) -> Any:
@@ -149,7 +171,7 @@ class Hypothesis:
 class Translator:
   """Translates token-id rows in length buckets (one compile per bucket) and keeps the order."""
 
-  def __init__(self, cfg: ModelConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
+  def __init__(self, cfg: Models, src_tok: Tokenizer, tgt_tok: Tokenizer,
                decode: DecodeConfig = DECODE, *, cache_mode: str = 'cached',
                grow_cache: bool = True, n_best: int = 1):
     """`decode.compact` drops finished sentences every `decode.chunk` steps

@@ -1,0 +1,79 @@
+"""Decoding with one model or an ensemble of several, behind the same two functions.
+
+An ensemble is a tuple of model configs with a tuple of parameter trees. At every step each
+member runs its own cached decoder step and the members' log-probabilities are averaged (a
+log-linear ensemble); the search normalises the average, so its distribution is the
+normalised geometric mean of the members'. The members must share the source and target
+vocabularies (decoding/translator.py checks the tokenizers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, Union
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding.search import LogitsFn
+from transformer_nmt.model.transformer import Transformer
+
+Models = Union[ModelConfig, Sequence[ModelConfig]]  # one model, or an ensemble's members
+
+
+@flax.struct.dataclass
+class EnsembleCache:
+  """The members' decoder caches; beam search and the growing cache act on each."""
+
+  members: tuple[Any, ...]
+
+  def tile_beams(self, beam_size: int) -> EnsembleCache:
+    return EnsembleCache(tuple(m.tile_beams(beam_size) for m in self.members))
+
+  def reorder_beams(self, gather: Callable[[Any], Any]) -> EnsembleCache:
+    return EnsembleCache(tuple(m.reorder_beams(gather) for m in self.members))
+
+  def resize(self, length: int) -> EnsembleCache:
+    return EnsembleCache(tuple(m.resize(length) for m in self.members))
+
+
+def is_ensemble(cfg: Models) -> bool:
+  return not isinstance(cfg, ModelConfig)
+
+
+def members(cfg: Models, params: Any) -> list[tuple[ModelConfig, Any]]:
+  """[(config, parameters)] of each member (one for a single model)."""
+  return list(zip(cfg, params)) if is_ensemble(cfg) else [(cfg, params)]
+
+
+def start(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
+          length: int) -> Any:
+  """Encodes src [B, S] and returns the decoder cache for `length` steps (an EnsembleCache
+  holding one per member for an ensemble)."""
+  caches = []
+  for c, p in members(cfg, params):
+    model, variables = Transformer(c), {'params': p}
+    memory = model.apply(variables, src, src_segments, method=Transformer.encode)
+    caches.append(model.apply(variables, memory, src_segments, length,
+                              method=Transformer.init_cache))
+  return EnsembleCache(tuple(caches)) if is_ensemble(cfg) else caches[0]
+
+
+def step_fn(cfg: Models, params: Any) -> LogitsFn:
+  """The decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`: one model's logits,
+  or the mean of the members' log-probabilities."""
+  if not is_ensemble(cfg):
+    model = Transformer(cfg)
+    return lambda ids, cache: model.apply({'params': params}, ids, cache,
+                                          method=Transformer.decode_step)
+
+  def step(ids: jax.Array, cache: EnsembleCache) -> tuple[jax.Array, EnsembleCache]:
+    logps, caches = [], []
+    for (c, p), member in zip(members(cfg, params), cache.members):
+      logits, member = Transformer(c).apply({'params': p}, ids, member,
+                                            method=Transformer.decode_step)
+      logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+      caches.append(member)
+    return jnp.mean(jnp.stack(logps), axis=0), EnsembleCache(tuple(caches))
+  return step

@@ -1,0 +1,67 @@
+"""Ensembles (decoding/ensemble.py): one member, or two copies of one model, decode and score
+as the model does; members with other vocabularies are refused."""
+
+import copy
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from transformer_nmt.config import DecodeConfig
+from transformer_nmt.decoding import translator as translator_lib
+from transformer_nmt.decoding.translator import Translator, load_ensemble, load_workdir
+from transformer_nmt.errors import DataError
+
+
+@pytest.fixture(scope='module')
+def loaded(tiny_workdir):
+  return load_workdir(tiny_workdir)
+
+
+@pytest.fixture(scope='module')
+def lines(tiny_workdir):
+  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:8]
+
+
+@pytest.mark.parametrize('copies', [1, 2])
+def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines, copies):
+  decode = DecodeConfig(beam_size=3, max_extra_len=6)
+  single = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode, n_best=3)
+  several = Translator((loaded.cfg,) * copies, loaded.src_tok, loaded.tgt_tok, decode, n_best=3)
+  expected = single.hypotheses(loaded.params, lines)
+  found = several.hypotheses((loaded.params,) * copies, lines)
+  for (_, mine), (_, theirs) in zip(found, expected):
+    assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+    np.testing.assert_allclose([h.logprob for h in mine], [h.logprob for h in theirs],
+                               atol=1e-4)
+  assert several.translate_lines((loaded.params,) * copies, lines) == [
+      h[0].text for _, h in expected]
+
+
+def test_members_with_another_vocabulary_are_refused(loaded, monkeypatch):
+  elsewhere = copy.copy(loaded.tgt_tok)  # another file: its fingerprint differs
+  elsewhere.path = loaded.tgt_tok.path.with_name('other.model')
+  monkeypatch.setattr(type(loaded.tgt_tok), 'fingerprint', property(lambda t: str(t.path)))
+  fake = {'a': loaded, 'b': dataclasses.replace(loaded, tgt_tok=elsewhere)}
+  monkeypatch.setattr(translator_lib, 'load_workdir', lambda w, *args: fake[w])
+  with pytest.raises(DataError, match='ensemble member b has another tgt vocabulary'):
+    load_ensemble(['a', 'b'])
+
+
+def test_decode_py_ensemble_of_two_copies(tiny_workdir, lines, tmp_path):
+  source = tmp_path / 'in.txt'
+  source.write_text('\n'.join(lines[:4]) + '\n')
+  outs = []
+  for workdirs in ([tiny_workdir], [tiny_workdir, tiny_workdir]):
+    out = tmp_path / f'out{len(workdirs)}.txt'
+    flags = [f'--workdir={w}' for w in workdirs]
+    run = subprocess.run([sys.executable, 'decode.py', *flags, '--input', str(source),
+                          '--output', str(out), '--max_extra_len', '6'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    outs.append(out.read_text())
+  assert 'ensemble of 2 models' in run.stderr
+  assert outs[0] == outs[1]
