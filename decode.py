@@ -22,7 +22,7 @@ from typing import IO, Any, Iterator, Optional
 
 from absl import app, flags
 
-from transformer_nmt.cli import main_running, use_compile_cache
+from transformer_nmt.cli import CompileCounter, main_running, use_compile_cache
 from transformer_nmt.config import BEAM_STOPS, DECODE, DecodeConfig
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an '
@@ -257,6 +257,7 @@ def run() -> None:
     raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
   blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
   _settings(DECODE)  # a bad flag fails before the model loads
+  compiles = CompileCounter()
   if _COMPILE_CACHE.value:  # before loading, which compiles too
     from transformer_nmt.workdir import Workdir
     use_compile_cache(str(Workdir(_WORKDIR.value[0]).compile_cache))
@@ -291,8 +292,8 @@ def run() -> None:
                                               beside.get('prefix'))
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
-        f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s',
-        file=sys.stderr)
+        f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s; '
+        f'{compiles.summary()}', file=sys.stderr)
   if _REFERENCE.value:
     _score([h for _, h in kept], refs)
   if _PLOT.value:

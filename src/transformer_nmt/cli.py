@@ -73,6 +73,28 @@ def use_compile_cache(directory: str, min_free_bytes: int = 2 ** 30) -> None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # default 1 s skips many
 
 
+class CompileCounter:
+  """Counts, from JAX's monitoring events, the programs this process built: XLA compilations,
+  and how many of them the persistent compile cache supplied instead of the compiler."""
+
+  def __init__(self) -> None:
+    import jax.monitoring
+    self.requests = self.loaded = 0
+    jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+    jax.monitoring.register_event_listener(self._on_event)
+
+  def _on_duration(self, event: str, duration: float, **_: Any) -> None:
+    self.requests += event == '/jax/core/compile/backend_compile_duration'
+
+  def _on_event(self, event: str, **_: Any) -> None:
+    self.loaded += event == '/jax/compilation_cache/cache_hits'
+
+  def summary(self) -> str:
+    """'N programs compiled, M loaded from the compile cache'."""
+    return (f'{self.requests - self.loaded} programs compiled, {self.loaded} loaded from the '
+            'compile cache')
+
+
 def fail(message: str) -> NoReturn:
   """A user mistake: one line on stderr, exit code 2, no traceback."""
   print(f'error: {message}', file=sys.stderr)
