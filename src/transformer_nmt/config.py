@@ -153,6 +153,12 @@ class TrainConfig:
   checkpoint_every: int = 1000
   keep_checkpoints: int = 5  # the latest K checkpoints (workdir checkpoints/)
   keep_best: bool = True  # also keep the one with the best eval_bleu (workdir best/)
+  # Stop after this many evaluations in a row without a better eval_bleu (0 = never; the
+  # paper trains a fixed number of steps).
+  patience: int = 0
+  # (first step, number of steps): a jax.profiler trace of those steps in WORKDIR/profile
+  # (process 0), for TensorBoard's profile plugin; () = none.
+  profile_steps: tuple = ()
 
   def validate(self) -> TrainConfig:
     _positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',
@@ -166,6 +172,12 @@ class TrainConfig:
            ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
     _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
            'devices) or positive')
+    _check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
+    window = tuple(self.profile_steps)
+    _check(not window or (len(window) == 2 and all(isinstance(x, int) and x >= 1 for x in window)
+                          and window[0] + window[1] - 1 <= self.num_steps),
+           f'train.profile_steps={window} must be () or (first step, number of steps) with '
+           f'positive integers ending by train.num_steps={self.num_steps}')
     return self
 
 

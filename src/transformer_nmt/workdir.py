@@ -65,6 +65,11 @@ class Workdir:
     return self.root / 'tensorboard'
 
   @property
+  def profile(self) -> pathlib.Path:
+    """jax.profiler traces (train.profile_steps), for TensorBoard's profile plugin."""
+    return self.root / 'profile'
+
+  @property
   def compile_cache(self) -> pathlib.Path:
     return self.root / 'compile_cache'
 

@@ -21,10 +21,12 @@ from transformer_nmt.config import ModelConfig, model_config_from_dict, validate
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError, DataError
-from transformer_nmt.metrics import MetricWriter
+from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
+from transformer_nmt.training.early_stopping import EarlyStopping
 from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
 from transformer_nmt.training.preemption import Stopped, StopRequest
+from transformer_nmt.training.profiling import Profile
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
 from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
 from transformer_nmt.workdir import RESOLVED_MODEL, Workdir
@@ -192,6 +194,19 @@ def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, st
   return row
 
 
+def _evaluate_and_keep_best(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+                            step: int, ckpt: Checkpointer, best: Optional[Checkpointer],
+                            loop: dict) -> dict:
+  """`evaluate`'s row; the state is also saved in best/ when `best` is given (it keeps the
+  checkpoint with the highest eval_bleu)."""
+  row = evaluate(exp, sharding.local_copy(state.params), config, step,
+                 final=step == config.train.num_steps)
+  if best is not None:
+    ckpt.check_for_errors()  # no second save after a failed one (a full disk)
+    best.save(step, state, loop, metrics={'eval_bleu': row['eval_bleu']})
+  return row
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Trains, resuming from the workdir's latest checkpoint, and evaluates at the end.
 
@@ -325,12 +340,18 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                 stop: StopRequest) -> None:
   """Steps from state.step to train.num_steps with logging, evaluation and checkpoints.
   When `stop` says so at a step boundary (SIGTERM, Ctrl-C; evaluation gives up between its
-  batches), the last completed step is checkpointed and `Stopped` raised.
+  batches), the last completed step is checkpointed and `Stopped` raised. Training also ends
+  once `train.patience` evaluations in a row bring no better validation BLEU.
   `best`, if given, keeps the checkpoint with the highest validation BLEU. `data_position`
   counts the micro-batches consumed so far; it and `dropout_rng` are saved with every
   checkpoint."""
   t = config.train
   start = int(state.step)
+  early = EarlyStopping.from_history(t.patience, read_metrics(writer.path), start)
+  if early.stopped:
+    logging.info('Stopped early before (no better validation BLEU in %d evaluations since step '
+                 '%d); raise train.patience to go on', early.since, early.best_step)
+    return
   accumulate = accumulation_steps(config)
   if accumulate > 1:
     logging.info('Global batch: %d micro-batches of %d tokens per side (about %d tokens)',
@@ -339,37 +360,43 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
   step_fn = _make_step(exp, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer.last('wall_s', start))
   batches, own_rows = _input_pipeline(exp, config, data_position)
+  profile = Profile(Workdir(writer.path.parent).profile, t.profile_steps)
+  saved = lambda: loop_state(data_position, dropout_rng)  # noqa: E731
   try:
     for step in range(start + 1, t.num_steps + 1):
       micro = [next(batches) for _ in range(accumulate)]
+      profile.before(step)
       state, metrics = step_fn(state, [sharding.shard_batch(own_rows(b), mesh) for b in micro],
                                dropout_rng)
+      profile.after(step, state)
       data_position += accumulate  # only once the step has completed
       metrics['src_tokens'] = sum(np.count_nonzero(b['src_segments']) for b in micro)
       progress.add(metrics, micro)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
-        ckpt.save(step, state, loop_state(data_position, dropout_rng))
+        ckpt.save(step, state, saved())
       if step % t.eval_every == 0 or step == t.num_steps:
         with progress.outside_training(), contextlib.suppress(EvaluationInterrupted):
-          row.update(evaluate(exp, sharding.local_copy(state.params), config, step,
-                              final=step == t.num_steps))
-          if best is not None:
-            ckpt.check_for_errors()  # no second save after a failed one (a full disk)
-            best.save(step, state, loop_state(data_position, dropout_rng),
-                      metrics={'eval_bleu': row['eval_bleu']})
+          row.update(_evaluate_and_keep_best(exp, config, state, step, ckpt, best, saved()))
       if row:
         writer.write(step, row)
       if stop.should_stop(step):
-        ckpt.save(step, state, loop_state(data_position, dropout_rng), force=True)
+        ckpt.save(step, state, saved(), force=True)
         logging.info('Stopped on request: saved checkpoint at step %d; run again to resume', step)
         raise Stopped
+      if 'eval_bleu' in row and early.update(step, row['eval_bleu']):
+        ckpt.save(step, state, saved(), force=True)
+        logging.info('Stopped early at step %d: no better validation BLEU in %d evaluations '
+                     '(best %.2f at step %d)', step, early.since, early.best, early.best_step)
+        return
   except Stopped:
     raise
   except KeyboardInterrupt:  # `state` and `data_position` are the last completed step's
-    ckpt.save(int(state.step), state, loop_state(data_position, dropout_rng), force=True)
+    ckpt.save(int(state.step), state, saved(), force=True)
     logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))
     raise
+  finally:
+    profile.close()
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
     writer.write(start, evaluate(exp, sharding.local_copy(state.params), config, start,
