@@ -31,6 +31,8 @@ _WORKDIR = flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat 
                                      'from the first).', required=True)
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
 _BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
+_EMA = flags.DEFINE_bool('ema', True, 'Use the moving average of the weights when the run '
+                         'kept one (train.ema_decay); --noema for the raw weights.')
 _AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: '
                                 'base 5, big 20).')
 _INPUT = flags.DEFINE_string('input', '-', 'Source text, one sentence per line; - for stdin.')
@@ -261,7 +263,8 @@ def run() -> None:
   if _COMPILE_CACHE.value:  # before loading, which compiles too
     from transformer_nmt.workdir import Workdir
     use_compile_cache(str(Workdir(_WORKDIR.value[0]).compile_cache))
-  model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+  model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
+                        _EMA.value)
   decode = _settings(model.decode)
   search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
             if decode.temperature > 0 else

@@ -162,12 +162,22 @@ class Checkpointer:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
     abstract['loop'] = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct,
                                               loop_state(0, jax.random.key(0)))
+    # train.ema_decay may have been turned on or off since this checkpoint was written: an
+    # average it lacks starts from its parameters, one it has that is not wanted is dropped.
+    stored = set(self._manager.item_metadata(step).keys())
+    wanted = abstract.pop('ema', None)
+    if 'ema' in stored:
+      abstract['ema'] = abstract['params']
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     loop = jax.tree_util.tree_map(np.asarray, restored.pop('loop'))
+    ema = restored.pop('ema', None)
+    if wanted is not None:
+      restored['ema'] = restored['params'] if ema is None else ema
     return state.replace(**restored), loop
 
-  def restore_params(self, step: int) -> Any:
-    """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed).
+  def restore_params(self, step: int, ema: bool = True) -> Any:
+    """Only the parameters of checkpoint `step`, as host arrays (no optimizer needed): their
+    moving average when the checkpoint has one (train.ema_decay) and `ema`, else the raw ones.
 
     The target is built from the checkpoint's own metadata on one local device, so a
     checkpoint written by any number of devices or hosts restores here.
@@ -178,7 +188,12 @@ class Checkpointer:
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
         self._manager.item_metadata(step))
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    return jax.tree_util.tree_map(np.asarray, restored['params'])
+    return jax.tree_util.tree_map(np.asarray, restored['ema' if ema and 'ema' in restored
+                                                       else 'params'])
+
+  def has_ema(self, step: int) -> bool:
+    """Whether checkpoint `step` holds a moving average of the parameters."""
+    return 'ema' in self._manager.item_metadata(step).keys()
 
   def close(self) -> None:
     self._manager.wait_until_finished()
@@ -205,4 +220,7 @@ def loop_state(data_position: int, dropout_key: jax.Array) -> dict[str, np.ndarr
 
 
 def _payload(state: Any) -> dict:
-  return {'params': state.params, 'opt_state': state.opt_state, 'step': state.step}
+  payload = {'params': state.params, 'opt_state': state.opt_state, 'step': state.step}
+  if getattr(state, 'ema', None) is not None:
+    payload['ema'] = state.ema
+  return payload

@@ -153,6 +153,9 @@ class TrainConfig:
   checkpoint_every: int = 1000
   keep_checkpoints: int = 5  # the latest K checkpoints (workdir checkpoints/)
   keep_best: bool = True  # also keep the one with the best eval_bleu (workdir best/)
+  # Exponential moving average of the weights (Polyak averaging; fairseq's EMA, Marian's
+  # exponential smoothing), used by evaluation, best/ and decode.py; 0 = off (the paper).
+  ema_decay: float = 0.0
   # Stop after this many evaluations in a row without a better eval_bleu (0 = never; the
   # paper trains a fixed number of steps).
   patience: int = 0
@@ -173,6 +176,8 @@ class TrainConfig:
     _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
            'devices) or positive')
     _check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
+    _check(0.0 <= self.ema_decay < 1.0, f'train.ema_decay={self.ema_decay} must be in [0, 1) '
+           '(0 = off)')
     window = tuple(self.profile_steps)
     _check(not window or (len(window) == 2 and all(isinstance(x, int) and x >= 1 for x in window)
                           and window[0] + window[1] - 1 <= self.num_steps),

@@ -48,7 +48,7 @@ class Selection:
   """The chosen checkpoint(s) and search settings, with the validation BLEU that chose them."""
 
   model: LoadedModel
-  checkpoint: str  # 'latest', 'average of last N' or 'best'
+  checkpoint: str  # 'latest', 'average of last N', 'best' or 'EMA'
   beam_size: int
   alpha: float
   valid_bleu: float
@@ -61,16 +61,22 @@ Loader = Callable[[], LoadedModel]
 
 def checkpoint_candidates(workdir: str | os.PathLike,
                           average_last: int) -> list[tuple[str, Loader]]:
-  """(label, loader) for the latest checkpoint, the average of the last N and the best one."""
-  candidates = [('latest', lambda: load_workdir(workdir))]
+  """(label, loader) for the latest checkpoint, the average of the last N and the best one,
+  with the raw weights, and 'EMA' (the latest checkpoint's moving average of the weights)
+  when the run kept one (train.ema_decay)."""
+  candidates = [('latest', lambda: load_workdir(workdir, ema=False))]
   steps = Checkpointer(Workdir(workdir).checkpoints, read_only=True)
-  available = len(steps.all_steps())  # finished saves only, not a killed run's temporaries
+  available = steps.all_steps()  # finished saves only, not a killed run's temporaries
+  has_ema = bool(available) and steps.has_ema(available[-1])
   steps.close()
-  n = min(average_last, available)
+  n = min(average_last, len(available))
   if n > 1:
-    candidates.append((f'average of last {n}', lambda: load_workdir(workdir, average_last=n)))
+    candidates.append((f'average of last {n}',
+                       lambda: load_workdir(workdir, average_last=n, ema=False)))
   if Workdir(workdir).best.exists():
-    candidates.append(('best', lambda: load_workdir(workdir, best=True)))
+    candidates.append(('best', lambda: load_workdir(workdir, best=True, ema=False)))
+  if has_ema:
+    candidates.append(('EMA', lambda: load_workdir(workdir, ema=True)))
   return candidates
 
 

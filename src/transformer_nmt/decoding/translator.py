@@ -38,9 +38,10 @@ class LoadedModel:
 
 
 def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
-                 average_last: int = 0, best: bool = False) -> LoadedModel:
+                 average_last: int = 0, best: bool = False, ema: bool = True) -> LoadedModel:
   """Restores parameters from one checkpoint (latest by default) or the mean of the last N;
-  with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead.
+  with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead. A run
+  trained with train.ema_decay gives its moving average of the weights unless `ema` is False.
 
   The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
   """
@@ -61,9 +62,9 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   try:
     steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
     if checkpoint is None and average_last <= 1 and not best:  # the latest that reads back
-      steps, params = _latest_readable(ckpt)
+      steps, params = _latest_readable(ckpt, ema)
     else:
-      params = average_params([_read_params(ckpt, step) for step in steps])
+      params = average_params([_read_params(ckpt, step, ema) for step in steps])
   finally:
     ckpt.close()
   _check_vocab(params, cfg, tgt_tok)
@@ -71,12 +72,12 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
 
 
 def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[int] = None,
-                  average_last: int = 0, best: bool = False) -> LoadedModel:
+                  average_last: int = 0, best: bool = False, ema: bool = True) -> LoadedModel:
   """One workdir's model (`load_workdir`), or several as an ensemble: configs and parameters
   as tuples (decoding/ensemble.py), the first workdir's tokenizers, config and decode
   settings. Members must use the same SentencePiece models, else a DataError names the first
   that differs."""
-  models = [load_workdir(w, checkpoint, average_last, best) for w in workdirs]
+  models = [load_workdir(w, checkpoint, average_last, best, ema) for w in workdirs]
   if len(models) == 1:
     return models[0]
   first = models[0]
@@ -91,21 +92,21 @@ def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[i
                              steps=[s for m in models for s in m.steps])
 
 
-def _read_params(ckpt: Checkpointer, step: int) -> Any:
+def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:
   try:
-    return ckpt.restore_params(step)
+    return ckpt.restore_params(step, ema)
   except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
     raise DataError(f'checkpoint {ckpt.directory / str(step)} is unreadable ({describe(e)}); '
                     'choose another with --checkpoint') from None
 
 
-def _latest_readable(ckpt: Checkpointer) -> tuple[list[int], Any]:
+def _latest_readable(ckpt: Checkpointer, ema: bool = True) -> tuple[list[int], Any]:
   """([step], params) of the newest checkpoint that reads back, warning about newer ones
   that do not (train.py moves those aside when it next runs)."""
   errors = []
   for step in reversed(ckpt.all_steps()):
     try:
-      return [step], ckpt.restore_params(step)
+      return [step], ckpt.restore_params(step, ema)
     except Exception as e:  # noqa: BLE001
       errors.append(f'step {step}: {describe(e)}')
       logging.warning('Checkpoint %s is unreadable (%s); using the one before',

@@ -199,7 +199,7 @@ def _evaluate_and_keep_best(exp: Experiment, config: ml_collections.ConfigDict, 
                             loop: dict) -> dict:
   """`evaluate`'s row; the state is also saved in best/ when `best` is given (it keeps the
   checkpoint with the highest eval_bleu)."""
-  row = evaluate(exp, sharding.local_copy(state.params), config, step,
+  row = evaluate(exp, sharding.local_copy(state.eval_params), config, step,
                  final=step == config.train.num_steps)
   if best is not None:
     ckpt.check_for_errors()  # no second save after a failed one (a full disk)
@@ -399,5 +399,5 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
     profile.close()
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
-    writer.write(start, evaluate(exp, sharding.local_copy(state.params), config, start,
+    writer.write(start, evaluate(exp, sharding.local_copy(state.eval_params), config, start,
                                  final=True))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax
 import jax
+import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
@@ -12,7 +14,39 @@ from transformer_nmt.config import ModelConfig
 from transformer_nmt.model.transformer import Transformer, init_params
 from transformer_nmt.training.schedules import rsqrt_warmup
 
-TrainState = train_state.TrainState
+
+def ema_update(ema: Any, params: Any, decay: jax.Array) -> Any:
+  """decay * ema + (1 - decay) * params, leaf by leaf."""
+  return jax.tree_util.tree_map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
+
+
+def ema_decay_at(decay: float, step: jax.Array) -> jax.Array:
+  """The decay used after update `step` (1-based): min(decay, (1 + step) / (10 + step)), the
+  warm-up of TensorFlow's ExponentialMovingAverage(num_updates), so that a short run's average
+  is not dominated by the initial weights."""
+  step = jnp.asarray(step, jnp.float32)
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+class TrainState(train_state.TrainState):
+  """flax's TrainState and `ema`, an exponential moving average of the parameters (Polyak
+  averaging; train.ema_decay, None when off), kept in float32 beside them, sharded like them
+  and checkpointed with them."""
+
+  ema: Any = None
+  ema_decay: float = flax.struct.field(pytree_node=False, default=0.0)
+
+  def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
+    new = super().apply_gradients(grads=grads, **kwargs)
+    if self.ema is None:
+      return new
+    return new.replace(ema=ema_update(self.ema, new.params, ema_decay_at(self.ema_decay,
+                                                                         new.step)))
+
+  @property
+  def eval_params(self) -> Any:
+    """The weights evaluation and decoding use: the average when there is one."""
+    return self.params if self.ema is None else self.ema
 
 
 def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.98,
@@ -36,4 +70,6 @@ def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -
                       b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                       clip_grad_norm=train_cfg.clip_grad_norm)
   params = init_params(model_cfg, rng)
-  return TrainState.create(apply_fn=Transformer(model_cfg).apply, params=params, tx=tx)
+  decay = float(getattr(train_cfg, 'ema_decay', 0.0))
+  return TrainState.create(apply_fn=Transformer(model_cfg).apply, params=params, tx=tx,
+                           ema=params if decay > 0 else None, ema_decay=decay)
