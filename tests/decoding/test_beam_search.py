@@ -97,11 +97,8 @@ def test_beam_1_equals_greedy(model):
   cfg, params, src, seg = model
   kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
   greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
-  from transformer_nmt.decoding.translate import _decoder
-  from transformer_nmt.model.transformer import Transformer
-  m = Transformer(cfg)
-  memory = m.apply({'params': params}, src, seg, method=Transformer.encode)
-  logits_fn, cache = _decoder(m, {'params': params}, memory, seg, 16, 'cached')
+  from transformer_nmt.decoding import ensemble
+  logits_fn, cache = ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, seg, 16)
   beam1, _ = beam_search(logits_fn, cache, seg.sum(1) + 6, beam_size=1, alpha=0.6, bos_id=BOS,
                          eos_id=3, pad_id=PAD, max_len=11)
   np.testing.assert_array_equal(beam1, greedy)
