@@ -26,19 +26,18 @@ def lines(tiny_workdir):
   return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:8]
 
 
-@pytest.mark.parametrize('copies', [1, 2])
-def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines, copies):
+def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
   decode = DecodeConfig(beam_size=3, max_extra_len=6)
   single = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode, n_best=3)
-  several = Translator((loaded.cfg,) * copies, loaded.src_tok, loaded.tgt_tok, decode, n_best=3)
-  expected = single.hypotheses(loaded.params, lines)
-  found = several.hypotheses((loaded.params,) * copies, lines)
-  for (_, mine), (_, theirs) in zip(found, expected):
-    assert [h.tokens for h in mine] == [h.tokens for h in theirs]
-    np.testing.assert_allclose([h.logprob for h in mine], [h.logprob for h in theirs],
-                               atol=1e-4)
-  assert several.translate_lines((loaded.params,) * copies, lines) == [
-      h[0].text for _, h in expected]
+  expected = single.hypotheses(loaded.params, lines[:4])
+  for copies in (1, 2):
+    several = Translator((loaded.cfg,) * copies, loaded.src_tok, loaded.tgt_tok, decode,
+                         n_best=3)
+    found = several.hypotheses((loaded.params,) * copies, lines[:4])
+    for (_, mine), (_, theirs) in zip(found, expected):
+      assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+      np.testing.assert_allclose([h.logprob for h in mine], [h.logprob for h in theirs],
+                                 atol=1e-4)
 
 
 def test_members_with_another_vocabulary_are_refused(loaded, monkeypatch):
