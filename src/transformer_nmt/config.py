@@ -114,6 +114,12 @@ class DataConfig:
   vocab_size: int = 37000  # paper: ~37000 shared BPE tokens for en-de
   spm_model_type: str = 'bpe'  # 'bpe' (paper) or 'unigram'
   spm_max_sentences: int = 1_000_000  # sample size for training SentencePiece
+  # Subword regularisation of the training pairs (Kudo 2018; BPE-dropout for bpe models): each
+  # epoch segments them anew by SentencePiece sampling, seeded by train.seed and the epoch.
+  # spm_alpha: unigram smoothing / BPE dropout probability (0 = off, the paper); spm_nbest:
+  # sample among the n best segmentations (-1 = all; unigram models only).
+  spm_alpha: float = 0.0
+  spm_nbest: int = -1
   max_len: int = 256  # longest pair kept, in subword tokens incl. EOS (longer ones are counted)
   tokens_per_batch: int = 4096  # padded tokens per side per batch (paper: ~25k per update)
   bucket_boundaries: tuple = ()  # () = geometric buckets up to max_len
@@ -123,6 +129,10 @@ class DataConfig:
     _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
     _check(self.source in ('text', 'tfds', 'demo'),
            f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
+    _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
+           '(0 = no subword sampling)')
+    _check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '
+           'be -1 (all segmentations) or positive')
     _check(not self.pack_length or self.pack_length >= self.max_len,
            f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
            f'data.max_len={self.max_len}, so that every pair fits in a row')

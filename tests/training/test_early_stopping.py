@@ -51,7 +51,7 @@ def test_a_run_stops_early_and_a_profile_is_written(tmp_path, monkeypatch, caplo
   monkeypatch.setattr(loop, 'evaluate', lambda exp, params, config, step, final=False:
                       {'eval_loss': 1.0, 'eval_bleu': scripted[step]})
   config = tiny.get_config()
-  config.data.update(demo_sizes=(200, 10, 10))
+  config.data.update(demo_sizes=(200, 10, 10), spm_alpha=0.2)  # the loop with sampled epochs
   config.train.update(num_steps=8, eval_every=1, log_every=1, checkpoint_every=100,
                       patience=2, profile_steps=(2, 1))
   workdir = tmp_path / 'run'

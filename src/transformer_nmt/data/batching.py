@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import BinaryIO, Iterator, Optional, Sequence
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -128,7 +128,14 @@ def encode_parallel(src_lines: Sequence[str], tgt_lines: Sequence[str], src_tok:
 
   With max_len None nothing is dropped (evaluation sets) and buckets reach the longest pair.
   """
-  src_ids, tgt_ids = src_tok.encode(src_lines), tgt_tok.encode(tgt_lines)
+  return parallel_ids(src_tok.encode(src_lines), tgt_tok.encode(tgt_lines), src_tok, tgt_tok,
+                      max_len=max_len, stats=stats, boundaries=boundaries)
+
+
+def parallel_ids(src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]], src_tok: Tokenizer,
+                 tgt_tok: Tokenizer, *, max_len: Optional[int], stats: ReadStats,
+                 boundaries: Optional[Sequence[int]] = None) -> ParallelData:
+  """`encode_parallel` from subword ids already made (e.g. sampled ones)."""
   if max_len is None:
     max_len = max([max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)], default=1)
   src, tgt, index = [], [], []
@@ -271,30 +278,37 @@ def _packed_epoch(data: ParallelData, seed: int, epoch: int, length: int,
 
 
 def train_batches(data: ParallelData, tokens_per_batch: int, seed: int, start_step: int = 0,
-                  row_multiple: int = 1, pack_length: int = 0) -> Iterator[Batch]:
+                  row_multiple: int = 1, pack_length: int = 0,
+                  data_for_epoch: Optional[Callable[[int], ParallelData]] = None
+                  ) -> Iterator[Batch]:
   """Endless shuffled batches; batch k is the same whenever iteration starts at step k.
 
   Epoch e is planned with a generator seeded by (seed, e), so resuming at `start_step`
   reproduces exactly the batches an uninterrupted run would have seen. With `pack_length`,
   examples are packed into rows of that many tokens per side instead of length-bucketed.
+  `data_for_epoch(e)`, when given, supplies each epoch's pairs in place of `data` (subword
+  sampling: it must give the same pairs for the same e).
   """
-  if pack_length:
-    rows = max(row_multiple, tokens_per_batch // pack_length // row_multiple * row_multiple)
-    plan = lambda epoch: _packed_epoch(data, seed, epoch, pack_length, rows)
-    make = lambda batch_rows: collate_packed(data, batch_rows, rows, pack_length)
-  else:
-    lengths = data.lengths
-    plan = lambda epoch: plan_batches(lengths, data.boundaries, tokens_per_batch,
-                                      np.random.default_rng([seed, epoch]), row_multiple)
-    make = lambda batch_plan: collate(data, batch_plan)
+  rows = max(row_multiple, tokens_per_batch // max(pack_length, 1) // row_multiple * row_multiple)
+
+  def plan(epoch: int) -> tuple[ParallelData, list]:
+    d = data if data_for_epoch is None else data_for_epoch(epoch)
+    if pack_length:
+      return d, _packed_epoch(d, seed, epoch, pack_length, rows)
+    return d, plan_batches(d.lengths, d.boundaries, tokens_per_batch,
+                           np.random.default_rng([seed, epoch]), row_multiple)
+
+  def make(d: ParallelData, item: Any) -> Batch:
+    return collate_packed(d, item, rows, pack_length) if pack_length else collate(d, item)
+
   epoch, offset = 0, start_step
-  plans = plan(epoch)
-  while offset >= len(plans):  # packed epochs differ in length: walk to start_step
+  current, plans = plan(epoch)
+  while offset >= len(plans):  # epochs can differ in length: walk to start_step
     offset -= len(plans)
     epoch += 1
-    plans = plan(epoch)
+    current, plans = plan(epoch)
   while True:
     for item in plans[offset:]:
-      yield make(item)
+      yield make(current, item)
     epoch, offset = epoch + 1, 0
-    plans = plan(epoch)
+    current, plans = plan(epoch)

@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.data import batching as data_lib
@@ -128,3 +130,25 @@ def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
   boundaries = list(data_cfg.bucket_boundaries) if train and data_cfg.bucket_boundaries else None
   return data_lib.encode_parallel(src, tgt, src_tok, tgt_tok, stats=stats, boundaries=boundaries,
                                   max_len=data_cfg.max_len if train else None)
+
+
+def sampled_epochs(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
+                   seed: int) -> Callable[[int], data_lib.ParallelData]:
+  """Subword regularisation (data.spm_alpha > 0): epoch -> the training split segmented by
+  SentencePiece sampling, the same for the same (seed, epoch), another for another epoch.
+  Pairs that the sampled segmentation makes longer than data.max_len are left out of that
+  epoch (counted in the log). Validation and test text is never sampled."""
+  src, tgt, stats = lines
+  boundaries = list(data_cfg.bucket_boundaries) if data_cfg.bucket_boundaries else None
+
+  def epoch_data(epoch: int) -> data_lib.ParallelData:
+    state = np.random.SeedSequence([seed, epoch]).generate_state(2)
+    sample = dict(alpha=data_cfg.spm_alpha, nbest=data_cfg.spm_nbest)
+    data = data_lib.parallel_ids(src_tok.sample(src, seed=int(state[0]), **sample),
+                                 tgt_tok.sample(tgt, seed=int(state[1]), **sample), src_tok,
+                                 tgt_tok, max_len=data_cfg.max_len,
+                                 stats=dataclasses.replace(stats), boundaries=boundaries)
+    logging.info('Epoch %d: training pairs segmented anew by subword sampling (%d kept, %d '
+                 'over data.max_len)', epoch, data.stats.kept, data.stats.too_long)
+    return data
+  return epoch_data

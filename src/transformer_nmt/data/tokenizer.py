@@ -62,6 +62,14 @@ class Tokenizer:
     """Sentences -> subword ids (no BOS/EOS)."""
     return self._sp.encode(list(lines), out_type=int, num_threads=os.cpu_count() or 1)
 
+  def sample(self, lines: Sequence[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
+    """Sentences -> one sampled segmentation each (subword regularisation; for a BPE model,
+    BPE-dropout with probability `alpha`), the same for the same seed. One thread: with
+    several, SentencePiece's per-thread generators would make the result depend on timing."""
+    spm.set_random_generator_seed(seed)
+    return self._sp.encode(list(lines), out_type=int, enable_sampling=True, alpha=alpha,
+                           nbest_size=nbest, num_threads=1)
+
   def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
     """Subword ids -> detokenised sentences; ids from EOS on are dropped."""
     return self._sp.decode([_until_eos(row, self.eos_id, self.pad_id) for row in ids])

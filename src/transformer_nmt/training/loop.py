@@ -52,6 +52,8 @@ class Experiment:
   test_refs: Optional[list[str]]
   evaluator: Evaluator
   host_sharded: bool = False  # train holds this process's share only (see corpus.Corpus)
+  # epoch -> the training pairs segmented anew (data.spm_alpha > 0), else None
+  train_epochs: Optional[Callable[[int], data_lib.ParallelData]] = None
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
@@ -88,9 +90,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
   evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok, typed.decode)
+  epochs = (corpus_lib.sampled_epochs(corpus.train, src_tok, tgt_tok, config.data,
+                                      config.train.seed) if config.data.spm_alpha > 0 else None)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator,
-                    corpus.host_sharded)
+                    corpus.host_sharded, epochs)
 
 
 def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
@@ -330,7 +334,8 @@ def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
     tokens, devices, own_rows = (config.data.tokens_per_batch, jax.device_count(),
                                  sharding.process_rows)
   batches = data_lib.train_batches(exp.train, tokens, config.train.seed, data_position,
-                                   row_multiple=devices, pack_length=config.data.pack_length)
+                                   row_multiple=devices, pack_length=config.data.pack_length,
+                                   data_for_epoch=exp.train_epochs)
   return batches, own_rows
 
 
