@@ -94,8 +94,8 @@ def _max_lens(src_segments: jax.Array, max_extra_len: int, max_len: int = 0,
   given = jnp.zeros_like(src_lens) if prefix is None else prefix.lens
   limits = jnp.maximum(src_lens, given) + max_extra_len
   if max_len > 0:
-    limits = jnp.maximum(jnp.minimum(limits, max_len + 1), given + 1)
-  return jnp.where(src_lens > 0, limits, 1)
+    limits = jnp.minimum(limits, max_len + 1)
+  return jnp.where(src_lens > 0, jnp.maximum(limits, given + 1), 1)
 
 
 def output_length(src_len: int, max_extra_len: int, max_len: int = 0,
@@ -103,7 +103,9 @@ def output_length(src_len: int, max_extra_len: int, max_len: int = 0,
   """Static output length of a batch whose sources are padded to `src_len` and prefixes to
   `prefix_len` (the largest `_max_lens` can give)."""
   length = max(src_len, prefix_len) + max_extra_len
-  return max(min(length, max_len + 1), prefix_len + 1) if max_len > 0 else length
+  if max_len > 0:
+    length = min(length, max_len + 1)
+  return max(length, prefix_len + 1)
 
 
 def as_prefix(ids: Optional[jax.Array], pad_id: int) -> Optional[Prefix]:
