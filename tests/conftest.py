@@ -42,3 +42,16 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
                           timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
+
+
+@pytest.fixture(scope='module')
+def loaded(tiny_workdir):
+  """The tiny trained workdir's model, tokenizers and settings (decoding tests)."""
+  from transformer_nmt.decoding.translator import load_workdir
+  return load_workdir(tiny_workdir)
+
+
+@pytest.fixture(scope='module')
+def lines(tiny_workdir) -> list[str]:
+  """The first lines of the tiny workdir's English test set."""
+  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:8]

@@ -21,11 +21,6 @@ def run_decode(*flags: str, stdin: str = '') -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope='module')
-def loaded(tiny_workdir):
-  return load_workdir(tiny_workdir)
-
-
-@pytest.fixture(scope='module')
 def test_lines(tiny_workdir):
   return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()
 

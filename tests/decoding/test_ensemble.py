@@ -12,18 +12,8 @@ from conftest import ROOT
 
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding import translator as translator_lib
-from transformer_nmt.decoding.translator import Translator, load_ensemble, load_workdir
+from transformer_nmt.decoding.translator import Translator, load_ensemble
 from transformer_nmt.errors import DataError
-
-
-@pytest.fixture(scope='module')
-def loaded(tiny_workdir):
-  return load_workdir(tiny_workdir)
-
-
-@pytest.fixture(scope='module')
-def lines(tiny_workdir):
-  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:8]
 
 
 def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):

@@ -16,34 +16,28 @@ from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.beam import beam, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import Prefix, decode_loop
-from transformer_nmt.decoding.translator import Translator, load_workdir
+from transformer_nmt.decoding.translator import Translator
 from transformer_nmt.model.attention import NEG_INF
 from transformer_nmt.model.transformer import Transformer
 
 
-@pytest.fixture(scope='module')
-def loaded(tiny_workdir):
-  return load_workdir(tiny_workdir)
-
-
-@pytest.fixture(scope='module')
-def lines(tiny_workdir):
-  return (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:6]
-
-
-def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
-  """Beam search sums log-probabilities step by step through the cached decoder; the scorer
-  runs the whole target through the full decoder at once. The two must agree."""
+def _finished(loaded, lines, given=None):
+  """Beam search (K = 4) over `lines` through the cached decoder, optionally from target
+  prefixes `given`: the source rows and every finished hypothesis as (row, ids with EOS,
+  the search's own length-normalised score)."""
   cfg, tok = loaded.cfg, loaded.src_tok
   rows = [ids + [tok.eos_id] for ids in tok.encode(lines)]
   width = max(map(len, rows))
   src = np.array([r + [tok.pad_id] * (width - len(r)) for r in rows], np.int32)
-  segments = (np.arange(width) < np.array([len(r) for r in rows])[:, None]).astype(np.int32)
+  segments = (src != tok.pad_id).astype(np.int32)
+  prefix = None if given is None else Prefix(
+      jnp.array([g + [tok.pad_id] * (8 - len(g)) for g in given], jnp.int32),
+      jnp.array([len(g) for g in given]))
   max_len = width + 6
   model, variables = Transformer(cfg), {'params': loaded.params}
 
   @jax.jit
-  def search(src, segments):  # the finished hypotheses [B, K, L] and their scores [B, K]
+  def search(src, segments, prefix):  # the finished hypotheses [B, K, L] and their scores [B, K]
     memory = model.apply(variables, src, segments, method=Transformer.encode)
     cache = model.apply(variables, memory, segments, max_len, method=Transformer.init_cache)
     step = lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)  # noqa: E731
@@ -52,21 +46,34 @@ def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
                  pad_id=tok.pad_id, length=max_len)
     final = decode_loop(lambda s: found.step(s, step, max_lens),
                         lambda s: jnp.all(found.rows_done(s, max_lens)),
-                        found.init(cache, max_lens), max_len, chunk=max_len)
+                        found.init(cache, max_lens, prefix), max_len, chunk=max_len)
     return final.finished, final.scores
-  finished, scores = map(np.asarray, search(src, segments))
-  pairs = [(r, list(finished[r, j]), scores[r, j]) for r in range(len(rows)) for j in range(4)
-           if scores[r, j] > NEG_INF / 2]
-  targets = [np.array(f[:f.index(tok.eos_id) + 1], np.int32) for _, f, _ in pairs]  # with EOS
-  scorer = Scorer(cfg, bos_id=tok.bos_id, pad_id=tok.pad_id, tokens_per_batch=64)
-  scored = scorer.score_ids(loaded.params, [np.array(rows[r], np.int32) for r, _, _ in pairs],
-                            targets)
-  assert sum(len(t) > 1 for t in targets) >= len(rows)  # not only empty translations
-  for target, (_, _, score), s in zip(targets, pairs, scored):
+  finished, scores = map(np.asarray, search(src, segments, prefix))
+  hyps = [(r, list(finished[r, j]), scores[r, j]) for r in range(len(rows)) for j in range(4)
+          if scores[r, j] > NEG_INF / 2]
+  return rows, [(r, np.array(f[:f.index(tok.eos_id) + 1], np.int32), score)
+                for r, f, score in hyps]
+
+
+def _agrees_with_forced_decoding(loaded, rows, hyps):
+  tok = loaded.src_tok
+  scorer = Scorer(loaded.cfg, bos_id=tok.bos_id, pad_id=tok.pad_id, tokens_per_batch=64)
+  scored = scorer.score_ids(loaded.params, [np.array(rows[r], np.int32) for r, _, _ in hyps],
+                            [t for _, t, _ in hyps])
+  for (_, target, score), s in zip(hyps, scored):
     assert len(s.token_logprobs) == len(s.alignment) == len(target)
     assert s.logprob == pytest.approx(float(np.sum(s.token_logprobs)), abs=1e-4)
     assert s.logprob / float(length_penalty(len(target), 0.6)) == pytest.approx(score, abs=1e-3)
-    assert np.all(s.token_logprobs <= 0) and np.all((0 <= s.alignment) & (s.alignment < width))
+    assert np.all(s.token_logprobs <= 0) and np.all(s.alignment >= 0)
+    assert np.all(s.alignment < len(max(rows, key=len)))
+
+
+def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
+  """Beam search sums log-probabilities step by step through the cached decoder; the scorer
+  runs the whole target through the full decoder at once. The two must agree."""
+  rows, hyps = _finished(loaded, lines)
+  assert sum(len(t) > 1 for _, t, _ in hyps) >= len(rows)  # not only empty translations
+  _agrees_with_forced_decoding(loaded, rows, hyps)
 
 
 @pytest.mark.parametrize('compact', [True, False])
@@ -176,40 +183,12 @@ def test_a_prefix_is_kept_and_scored_like_forced_decoding(loaded, lines):
 
 
 def test_beam_scores_from_a_prefix_match_forced_decoding(loaded, lines):
-  cfg, tok = loaded.cfg, loaded.src_tok
-  rows = [ids + [tok.eos_id] for ids in tok.encode(lines)]
-  width = max(map(len, rows))
-  src = np.array([r + [tok.pad_id] * (width - len(r)) for r in rows], np.int32)
-  segments = (src != tok.pad_id).astype(np.int32)
-  given = [loaded.tgt_tok.encode(['Ein Hund'])[0][:3]] * len(rows)
-  prefix = np.array([g + [tok.pad_id] * (3 - len(g)) for g in given], np.int32)
-  max_len = width + 6
-  model, variables = Transformer(cfg), {'params': loaded.params}
-
-  @jax.jit
-  def search(src, segments, prefix):
-    memory = model.apply(variables, src, segments, method=Transformer.encode)
-    cache = model.apply(variables, memory, segments, max_len, method=Transformer.init_cache)
-    step = lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)  # noqa: E731
-    max_lens = jnp.full((len(rows),), max_len)
-    found = beam(beam_size=4, alpha=0.6, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                 pad_id=tok.pad_id, length=max_len)
-    start = found.init(cache, max_lens, Prefix(prefix, jnp.sum(prefix != tok.pad_id, axis=1)))
-    final = decode_loop(lambda s: found.step(s, step, max_lens),
-                        lambda s: jnp.all(found.rows_done(s, max_lens)), start, max_len,
-                        chunk=max_len)
-    return final.finished, final.scores
-  finished, scores = map(np.asarray, search(src, segments, prefix))
-  pairs = [(r, list(finished[r, j]), scores[r, j]) for r in range(len(rows)) for j in range(4)
-           if scores[r, j] > NEG_INF / 2]
-  assert len(pairs) >= len(rows)
-  targets = [np.array(f[:f.index(tok.eos_id) + 1], np.int32) for _, f, _ in pairs]
-  scorer = Scorer(cfg, bos_id=tok.bos_id, pad_id=tok.pad_id, tokens_per_batch=64)
-  scored = scorer.score_ids(loaded.params, [np.array(rows[r], np.int32) for r, _, _ in pairs],
-                            targets)
-  for (r, _, score), target, s in zip(pairs, targets, scored):
+  given = [loaded.tgt_tok.encode(['Ein Hund'])[0][:3]] * len(lines)
+  rows, hyps = _finished(loaded, lines, given)
+  assert len(hyps) >= len(rows)
+  for r, target, _ in hyps:
     assert target[:len(given[r])].tolist() == given[r]
-    assert s.logprob / float(length_penalty(len(target), 0.6)) == pytest.approx(score, abs=1e-3)
+  _agrees_with_forced_decoding(loaded, rows, hyps)
 
 
 def test_decode_with_prefixes(tiny_workdir, lines, tmp_path):
