@@ -1,5 +1,7 @@
 """Checkpoints that were damaged after they were written: detected, skipped, moved aside."""
 
+import collections
+
 import jax
 import numpy as np
 import pytest
@@ -53,3 +55,26 @@ def test_no_readable_checkpoint_moves_nothing(tmp_path, tiny_cfg):
     ckpt.restore_latest_readable(state)
   ckpt.close()
   assert (tmp_path / 'ckpt' / '1').is_dir() and not (tmp_path / 'ckpt' / QUARANTINE).exists()
+
+
+@pytest.mark.parametrize('fails', ['checksums', 'restore'])
+def test_processes_agree_a_checkpoint_is_damaged_when_one_cannot_read_it(tmp_path, tiny_cfg,
+                                                                         monkeypatch, fails):
+  """Another process (simulated: the all-gather of the verdicts) cannot read step 2 although
+  this one can: every process then skips step 2 and resumes from step 1."""
+  from transformer_nmt import checkpoint
+  state = _saved(tmp_path / 'ckpt', tiny_cfg, [1, 2])
+  ckpt = Checkpointer(tmp_path / 'ckpt')
+  at, calls = [], collections.Counter()
+  real_verify = ckpt.verify
+  monkeypatch.setattr(ckpt, 'verify', lambda step: (at.append(step), real_verify(step)))
+  failing_call = {'checksums': 1, 'restore': 2}[fails]  # the verdicts asked per step, in order
+
+  def everywhere(ok):  # this process's verdict and the simulated other's
+    calls[at[-1]] += 1
+    return ok and not (at[-1] == 2 and calls[2] == failing_call)
+  monkeypatch.setattr(checkpoint, '_everywhere', everywhere)
+  restored, _ = ckpt.restore_latest_readable(state)
+  assert int(restored.step) == 1 and ckpt.all_steps() == [1]
+  assert (tmp_path / 'ckpt' / QUARANTINE / '2').is_dir()
+  ckpt.close()

@@ -95,12 +95,11 @@ class Checkpointer:
     """
     damaged: list[tuple[int, str]] = []
     for step in reversed(self.all_steps()):
-      try:
-        restored = self.restore(state, step)
-      except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
-        damaged.append((step, describe(e)))
+      restored, error = self._try_restore(state, step)
+      if error is not None:
+        damaged.append((step, error))
         logging.warning('Checkpoint at step %d is unreadable (%s); trying the one before',
-                        step, damaged[-1][1])
+                        step, error)
         continue
       for bad, _ in damaged if quarantine else ():
         logging.warning('Moved the unreadable checkpoint of step %d to %s', bad,
@@ -112,6 +111,28 @@ class Checkpointer:
                       f'if the files are damaged, move them to {self.directory / QUARANTINE} '
                       'to start afresh')
     return None
+
+  def _try_restore(self, state: Any, step: int) -> tuple[Optional[tuple[Any, dict]],
+                                                        Optional[str]]:
+    """(restored, None), or (None, why not). With several processes they judge together:
+    the checksums first (each process reads the files), then the restore, and a checkpoint
+    that fails on any process counts as damaged on all, so that none resumes from a step
+    the others skip (and none waits in a restore that another never starts)."""
+    try:
+      self.verify(step)
+      error = None
+    except Exception as e:  # noqa: BLE001 -- file system errors of many kinds
+      error = describe(e)
+    if not _everywhere(error is None):
+      return None, error or 'its checksums fail on another process'
+    restored = None
+    try:
+      restored = self._restore_verified(state, step)
+    except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+      error = describe(e)
+    if not _everywhere(error is None):
+      return None, error or 'it does not restore on another process'
+    return restored, None
 
   def quarantine(self, step: int) -> Optional[pathlib.Path]:
     """Moves checkpoint `step` to `<directory>/quarantine/<step>` (process 0 only; the others
@@ -159,6 +180,9 @@ class Checkpointer:
     default. The checkpoint's checksums are verified first."""
     step = self.latest_step() if step is None else step
     self.verify(step)
+    return self._restore_verified(state, step)
+
+  def _restore_verified(self, state: Any, step: int) -> tuple[Any, dict]:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _payload(state))
     abstract['loop'] = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct,
                                               loop_state(0, jax.random.key(0)))
@@ -199,6 +223,14 @@ class Checkpointer:
     self._manager.wait_until_finished()
     self._seal_finished()
     self._manager.close()
+
+
+def _everywhere(ok: bool) -> bool:
+  """True when `ok` holds on every process (one process: `ok` itself)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils
+  return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
 
 
 def _digests(step_dir: pathlib.Path) -> dict[str, str]:
