@@ -11,6 +11,7 @@ import shutil
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -195,8 +196,8 @@ class Checkpointer:
     restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     loop = jax.tree_util.tree_map(np.asarray, restored.pop('loop'))
     ema = restored.pop('ema', None)
-    if wanted is not None:
-      restored['ema'] = restored['params'] if ema is None else ema
+    if wanted is not None:  # a copy, never the parameters' own buffers (see create_train_state)
+      restored['ema'] = jax.tree_util.tree_map(jnp.copy, restored['params']) if ema is None else ema
     return state.replace(**restored), loop
 
   def restore_params(self, step: int, ema: bool = True) -> Any:

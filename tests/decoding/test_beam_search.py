@@ -273,3 +273,32 @@ def test_output_controls_find_the_constrained_best(seed, min_len, no_repeat):
                                     max_len=max_len, min_len=min_len,
                                     no_repeat_ngram=no_repeat))[0].tolist()
   assert _allowed(greedy[:greedy.index(EOS) + 1], min(min_len, max_len - 1), no_repeat)
+
+
+def test_a_prefix_outranks_the_output_controls():
+  """Inside its prefix the search takes the given tokens even where no_repeat_ngram would
+  ban them (a prefix that repeats a bigram); the controls apply after it."""
+  from transformer_nmt.decoding.beam import beam
+  from transformer_nmt.decoding.search import Prefix, decode_loop, greedy
+  table, max_len = random_table(1, vocab=8), 9
+  given = Prefix(jnp.array([[5, 6, 5, 6]]), jnp.array([4]))
+  max_lens = jnp.array([max_len])
+  for search in (beam(beam_size=3, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD,
+                      length=max_len, no_repeat_ngram=2),
+                 greedy(bos_id=BOS, eos_id=EOS, pad_id=PAD, length=max_len, no_repeat_ngram=2)):
+    final = decode_loop(lambda s: search.step(s, table_logits_fn(table), max_lens),
+                        lambda s: jnp.all(search.rows_done(s, max_lens)),
+                        search.init(jnp.zeros((1,)), max_lens, given), max_len, chunk=max_len)
+    row = np.asarray(search.result(final))[0].tolist()
+    assert row[:4] == [5, 6, 5, 6] and EOS in row[4:], row
+    after = row[3:row.index(EOS)]  # from the prefix's last token on: no bigram twice
+    bigrams = list(zip(after, after[1:]))
+    assert len(bigrams) == len(set(bigrams)) and (5, 6) not in bigrams[1:], row
+
+
+def test_no_repeat_ngram_longer_than_the_output_bans_nothing():
+  from transformer_nmt.decoding.search import constrain
+  logits = jnp.zeros((1, 6))
+  out = constrain(logits, jnp.array([[3, 3]]), jnp.int32(2), jnp.array([False]), eos_id=EOS,
+                  no_repeat_ngram=4)
+  np.testing.assert_array_equal(out, logits)

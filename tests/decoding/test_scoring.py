@@ -102,6 +102,18 @@ def _decode(*flags: str) -> subprocess.CompletedProcess:
                         text=True, timeout=300)
 
 
+def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
+  """n-best for a line over max_input_len: the pieces' best translations joined, alone
+  (the first piece's alternatives would not translate the whole line)."""
+  decode = DecodeConfig(beam_size=4, max_extra_len=4, max_input_len=8)
+  line = 'He paints nineteen eggs. They played with one black car. My father came.'
+  (source, hyps), = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
+                               n_best=3).hypotheses(loaded.params, [line])
+  assert len(hyps) == 1 and source.count('</s>') >= 2  # in pieces, each with its EOS
+  assert len(hyps[0].tokens) == len(hyps[0].token_logprobs) == len(hyps[0].alignment)
+  assert all(0 <= a < len(source) for a in hyps[0].alignment)
+
+
 def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tmp_path):
   """--score_reference's scores of decode.py's own translations equal the scores decode.py
   reported for them, and its scores of other text equal the library's (Translator.score)."""

@@ -34,6 +34,22 @@ def test_decay_zero_gives_the_parameters_and_one_step_matches_a_hand_computation
   assert not np.allclose(new.params['w'], params['w'])  # the update moved the weights
 
 
+def _own_buffers(state) -> bool:
+  """The average never shares a buffer with the parameters: a step that donates the state
+  (on accelerators) would donate it twice."""
+  pointers = lambda tree: {x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(tree)}  # noqa: E731
+  return not pointers(state.ema) & pointers(state.params)
+
+
+def test_the_average_starts_as_a_copy(tiny_cfg):
+  config = default_config()
+  config.train.ema_decay = 0.99
+  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  assert _own_buffers(state) and _own_buffers(jax.device_put(state, jax.devices()[0]))
+  np.testing.assert_array_equal(jax.flatten_util.ravel_pytree(state.ema)[0],
+                                jax.flatten_util.ravel_pytree(state.params)[0])
+
+
 def test_off_by_default_and_bad_values_refused(tiny_cfg):
   config = default_config()
   state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
@@ -101,6 +117,7 @@ def test_a_checkpoint_restores_whether_or_not_it_has_an_ema(tmp_path, tiny_cfg):
   flat = lambda tree: jax.flatten_util.ravel_pytree(tree)[0]  # noqa: E731
   turned_on, _ = ckpt.restore(averaged, 1)
   np.testing.assert_array_equal(flat(turned_on.ema), flat(plain.params))
+  assert _own_buffers(turned_on)
   turned_off, _ = ckpt.restore(plain, 2)
   assert turned_off.ema is None
   np.testing.assert_array_equal(flat(turned_off.params), flat(averaged.params))

@@ -99,13 +99,14 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   # The model's own log-probabilities: banned tokens drop out, the others are not renormalised
   # (as in fairseq), so scores stay those of forced decoding.
   lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [B*K, 1]
+  model_logits = logits
   if min_len or no_repeat_ngram:
     logits = constrain(logits, s.seqs.reshape(batch * k, length), s.t, at_limit, eos_id=eos_id,
                        min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-  if s.prefix is not None:  # inside its prefix a beam has one candidate: the given token
-    forced, given = (jnp.repeat(x, k) for x in s.prefix.forced(s.t))
-    other = jnp.arange(logits.shape[-1]) != given[:, None]
-    logits = jnp.where(forced[:, None] & other, NEG_INF, logits)
+  if s.prefix is not None:  # inside its prefix a beam has one candidate: the given token,
+    forced, given = (jnp.repeat(x, k) for x in s.prefix.forced(s.t))  # whatever the controls
+    only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
+    logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
   cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, k, -1)).reshape(batch, -1)

@@ -159,6 +159,8 @@ def _ban_repeats(logits: jax.Array, ids: jax.Array, t: jax.Array, n: int) -> jax
   """Sets to NEG_INF each token that follows an earlier occurrence of the hypothesis's last
   n - 1 tokens (fairseq's no_repeat_ngram_size), so no n-gram appears twice."""
   rows, length = ids.shape
+  if n - 1 >= length:  # no n-gram fits in the output twice
+    return logits
   start = jnp.arange(length)  # where an earlier n-gram starts
   suffix = jax.lax.dynamic_slice_in_dim(ids, jnp.maximum(t - (n - 1), 0), n - 1, axis=1)
   same = jnp.ones((rows, length), bool)

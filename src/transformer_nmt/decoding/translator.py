@@ -259,6 +259,7 @@ class Translator:
         kept += made  # in the search's order (its own scores, best first)
       else:  # the next piece of a long line: appended to the line's one hypothesis
         kept[0] = _joined(kept[0], made[0], len(source), self.alpha)
+        del kept[1:]  # the first piece's alternatives do not translate the whole line
       source += self.src_tok.pieces(rows[p].tolist())
     return result
 

@@ -71,5 +71,8 @@ def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -
                       clip_grad_norm=train_cfg.clip_grad_norm)
   params = init_params(model_cfg, rng)
   decay = float(getattr(train_cfg, 'ema_decay', 0.0))
+  # The average starts as a copy: sharing the parameters' buffers would make a step that
+  # donates the state donate them twice (accelerators).
+  ema = jax.tree_util.tree_map(jnp.copy, params) if decay > 0 else None
   return TrainState.create(apply_fn=Transformer(model_cfg).apply, params=params, tx=tx,
-                           ema=params if decay > 0 else None, ema_decay=decay)
+                           ema=ema, ema_decay=decay)
