@@ -245,15 +245,7 @@ def run() -> None:
                                 '--score_reference': _SCORE_REFERENCE.value,
                                 '--prefix': _PREFIX.value})
   _check_modes()
-  # scoring and prefixes need every line: then the input is read whole and checked first
-  whole, beside = None, {}
-  for flag in (_REFERENCE, _SCORE_REFERENCE, _PREFIX):
-    if flag.value:
-      whole = _read(_INPUT.value) if whole is None else whole
-      beside[flag.name] = _read(flag.value)
-      if len(beside[flag.name]) != len(whole):
-        raise DataError(f'--{flag.name}={flag.value} has {len(beside[flag.name])} lines but '
-                        f'the input has {len(whole)}')
+  whole, beside = _read_whole()
   refs = beside.get('reference', beside.get('score_reference'))
   if _BUFFER.value < 0:
     raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
@@ -304,6 +296,22 @@ def run() -> None:
     lines, hyps = [s for s, _ in kept], [h for _, h in kept]
     for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
       print(f'wrote {path}', file=sys.stderr)
+
+
+def _read_whole() -> tuple[Optional[list[str]], dict[str, list[str]]]:
+  """Scoring and prefixes need every line: the input read whole (None when none of them is
+  asked for) and each of --reference, --score_reference, --prefix by flag name, line counts
+  checked before any work."""
+  from transformer_nmt.errors import DataError
+  whole, beside = None, {}
+  for flag in (_REFERENCE, _SCORE_REFERENCE, _PREFIX):
+    if flag.value:
+      whole = _read(_INPUT.value) if whole is None else whole
+      beside[flag.name] = _read(flag.value)
+      if len(beside[flag.name]) != len(whole):
+        raise DataError(f'--{flag.name}={flag.value} has {len(beside[flag.name])} lines but '
+                        f'the input has {len(whole)}')
+  return whole, beside
 
 
 def _translate_blocks(translator: Any, model: Any, blocks: Iterator[list[str]],

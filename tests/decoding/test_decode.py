@@ -39,7 +39,7 @@ def test_average_params_is_the_elementwise_mean():
   np.testing.assert_allclose(average_params(trees)['w'], [1.5, 1.5])
 
 
-@pytest.mark.parametrize('beam_size', [1, 4])
+@pytest.mark.parametrize('beam_size', [4])  # greedy shares the batching (and costs a compile)
 def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size):
   lines = test_lines[:12]
   def run(tokens, order):
