@@ -58,9 +58,14 @@ _COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a ba
 _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
-_COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled programs in '
-                                   'WORKDIR/compile_cache, so a later run with the same batch '
-                                   'shapes skips most compilation (JAX persistent cache).')
+_COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'With --noprograms: keep compiled '
+                                   'programs in WORKDIR/compile_cache, so a later run with the '
+                                   'same batch shapes skips most compilation (JAX persistent '
+                                   'cache; it still traces every program).')
+_PROGRAMS = flags.DEFINE_bool('programs', True, 'Keep the compiled decoding programs in '
+                              'WORKDIR/programs, so a later run with the same settings calls '
+                              'the ones it needs without tracing or compiling them (programs '
+                              'of another jax, backend, code or settings are left alone).')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch.' +
                                      _RUN.format('tokens_per_batch', DECODE.tokens_per_batch))
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', None, 'Output limit = input length + this.' +
@@ -241,6 +246,7 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 def run() -> None:
   from transformer_nmt.decoding.translator import Translator, load_ensemble
   from transformer_nmt.errors import DataError
+  from transformer_nmt.workdir import Workdir
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
                                 '--score_reference': _SCORE_REFERENCE.value,
                                 '--prefix': _PREFIX.value})
@@ -252,8 +258,7 @@ def run() -> None:
   blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
   _settings(DECODE)  # a bad flag fails before the model loads
   compiles = CompileCounter()
-  if _COMPILE_CACHE.value:  # before loading, which compiles too
-    from transformer_nmt.workdir import Workdir
+  if _COMPILE_CACHE.value and not _PROGRAMS.value:  # before loading, which compiles too
     use_compile_cache(str(Workdir(_WORKDIR.value[0]).compile_cache))
   model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
                         _EMA.value)
@@ -267,7 +272,9 @@ def run() -> None:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:
     raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
-  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value)
+  programs = Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
+  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
+                          programs=programs)
   if _SCORE_REFERENCE.value:
     _score_reference(translator, model, whole, refs)
     return
@@ -288,7 +295,7 @@ def run() -> None:
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s; '
-        f'{compiles.summary()}', file=sys.stderr)
+        f'{compiles.summary()}{_stored(translator)}', file=sys.stderr)
   if _REFERENCE.value:
     _score([h for _, h in kept], refs)
   if _PLOT.value:
@@ -296,6 +303,12 @@ def run() -> None:
     lines, hyps = [s for s, _ in kept], [h for _, h in kept]
     for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
       print(f'wrote {path}', file=sys.stderr)
+
+
+def _stored(translator: Any) -> str:
+  """', N stored programs loaded' when the translator keeps its programs in the workdir."""
+  store = translator.store
+  return '' if store is None else f', {store.loaded} stored programs loaded'
 
 
 def _read_whole() -> tuple[Optional[list[str]], dict[str, list[str]]]:

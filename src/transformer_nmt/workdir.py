@@ -11,6 +11,7 @@
   WORKDIR/metrics.jsonl      one JSON object per logged step
   WORKDIR/tensorboard/       TensorBoard event files
   WORKDIR/compile_cache/     JAX's persistent compilation cache
+  WORKDIR/programs/          decode.py's compiled programs (decoding/programs.py)
   WORKDIR/demo_data/         the generated demo corpus (data.source='demo')
   WORKDIR/recipe/            recipe.py's test-set translations (<test set>.hyp) and its
                              choice on validation (selection.json)
@@ -72,6 +73,11 @@ class Workdir:
   @property
   def compile_cache(self) -> pathlib.Path:
     return self.root / 'compile_cache'
+
+  @property
+  def programs(self) -> pathlib.Path:
+    """decode.py's compiled programs, loaded by later runs without tracing (programs.py)."""
+    return self.root / 'programs'
 
   @property
   def demo_data(self) -> pathlib.Path:

@@ -84,17 +84,24 @@ def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
 
 
 def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_lines):
-  cache = tiny_workdir / 'compile_cache'
+  programs, cache = tiny_workdir / 'programs', tiny_workdir / 'compile_cache'
+  shutil.rmtree(programs, ignore_errors=True)
   shutil.rmtree(cache, ignore_errors=True)
   flags = ('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4')
-  result = run_decode(*flags, stdin='\n'.join(test_lines[:2]) + '\n\n')
+  stdin = '\n'.join(test_lines[:2]) + '\n\n'
+  result = run_decode(*flags, stdin=stdin)
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.split('\n')[2] == '' and len(result.stdout.split('\n')) == 4
-  entries = sorted(p.name for p in cache.iterdir())
-  assert any(name.startswith('jit__advance') for name in entries), entries  # search steps
-  again = run_decode(*flags, stdin='\n'.join(test_lines[:2]) + '\n\n')  # from the cache
+  stored = sorted(p.name for p in programs.glob('*/*.program'))
+  assert any(name.startswith('advance-') for name in stored), stored  # search steps
+  assert not cache.exists()  # the store replaces JAX's cache (programs.py says why)
+  again = run_decode(*flags, stdin=stdin)  # every program from the store, none compiled
   assert again.returncode == 0 and again.stdout == result.stdout, again.stderr[-3000:]
-  assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new was compiled
+  assert f'0 programs compiled, 0 loaded from the compile cache, {len(stored)} stored ' \
+         'programs loaded' in again.stderr, again.stderr[-2000:]
+  plain = run_decode(*flags, '--noprograms', stdin=stdin)  # JAX's cache instead
+  assert plain.returncode == 0 and plain.stdout == result.stdout, plain.stderr[-3000:]
+  assert any(p.name.startswith('jit__advance') for p in cache.iterdir())
 
 
 def _clean_failure(result, message):

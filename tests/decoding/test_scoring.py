@@ -212,6 +212,6 @@ def test_decode_with_prefixes(tiny_workdir, lines, tmp_path):
   assert run.returncode == 0, run.stderr[-2000:]
   first, _, third = out.read_text().splitlines()
   assert first.startswith('Ein Mann') and third.startswith('Zwei Hunde')
-  compiled = re.search(r'; (\d+) programs compiled, (\d+) loaded from the compile cache$',
-                       run.stderr.strip())
-  assert compiled and int(compiled[1]) + int(compiled[2]) > 0
+  compiled = re.search(r'; (\d+) programs compiled, (\d+) loaded from the compile cache, '
+                       r'(\d+) stored programs loaded$', run.stderr.strip())
+  assert compiled and int(compiled[1]) + int(compiled[2]) + int(compiled[3]) > 0

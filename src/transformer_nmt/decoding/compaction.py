@@ -14,13 +14,14 @@ Dimension legend: B batch (sentences), K beams, L output length.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import DECODE
+from transformer_nmt.decoding.programs import ProgramStore, StoredJit
 from transformer_nmt.decoding.search import LogitsFn, Search, cache_stages
 
 
@@ -62,18 +63,21 @@ class CompactingDecoder:
     logits_fn_of: parameters -> the decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`.
     chunk: steps per call; rows are checked and compacted between calls.
     min_rows: never compact below this many rows (small batches cost about the same).
+    store: where compiled programs are kept across runs (programs.py); None: in memory only.
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
-               chunk: int = DECODE.chunk, min_rows: int = 8):
+               chunk: int = DECODE.chunk, min_rows: int = 8,
+               store: Optional[ProgramStore] = None):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.chunk, self.min_rows = chunk, min_rows
     self.rows_per_chunk: list[int] = []  # the last call's batch size in each chunk
-    self._advance = jax.jit(self._advance_impl, static_argnums=(3,))
-    self._result = jax.jit(lambda s, length: self.search_of(length).result(s),
-                           static_argnums=(1,))
-    self._take = jax.jit(take_rows, static_argnums=(2, 3))
-    self._resize = jax.jit(lambda s, n: s.replace(cache=s.cache.resize(n)), static_argnums=(1,))
+    self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,))
+    self._result = StoredJit(lambda s, length: self.search_of(length).result(s), 'result',
+                             store, static_argnums=(1,))
+    self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
+    self._resize = StoredJit(lambda s, n: s.replace(cache=s.cache.resize(n)), 'resize', store,
+                             static_argnums=(1,))
 
   def cache_lengths(self, length: int) -> list[int]:
     """Self-attention cache lengths the decoding of `length` steps goes through; the caller

@@ -20,6 +20,7 @@ from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.programs import ProgramStore, StoredJit
 from transformer_nmt.model.transformer import Transformer
 
 
@@ -60,11 +61,12 @@ def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Arra
 
 class Scorer:
   """Scores (source, target) id rows in length buckets of about `tokens_per_batch` padded
-  tokens per side; one compile per bucket shape."""
+  tokens per side; one compile per bucket shape (kept across runs in `store`, if given)."""
 
-  def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int):
+  def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int,
+               store: Optional[ProgramStore] = None):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
-    self._scores = jax.jit(functools.partial(token_scores, cfg))
+    self._scores = StoredJit(functools.partial(token_scores, cfg), 'score', store)
 
   def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
                 tgt_rows: Sequence[np.ndarray]) -> list[Scored]:

@@ -20,6 +20,7 @@ from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.programs import ProgramStore, StoredJit
 from transformer_nmt.decoding.search import LogitsFn, Prefix, Search, greedy, padded_length
 from transformer_nmt.model.transformer import Transformer
 
@@ -159,7 +160,8 @@ class CompactingTranslate:
   """`translate` with the cached decoder, run from the host in chunks of steps that drop
   finished sentences from the batch (compaction.py): same arguments, same outputs (up to
   float rounding in matmuls of other batch sizes), as a numpy array. Sampling draws differ,
-  since a row's draws depend on its place in the batch."""
+  since a row's draws depend on its place in the batch. `store` keeps the compiled programs
+  across runs (programs.py)."""
 
   def __init__(self, cfg: Models, *, bos_id: int, eos_id: int, pad_id: int,
                beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
@@ -167,7 +169,8 @@ class CompactingTranslate:
                temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
                beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1,
                min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
-               no_repeat_ngram: int = DECODE.no_repeat_ngram):
+               no_repeat_ngram: int = DECODE.no_repeat_ngram,
+               store: Optional[ProgramStore] = None):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
     self.max_len = max_len
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
@@ -175,8 +178,8 @@ class CompactingTranslate:
                         n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
     self.decoder = CompactingDecoder(lambda length: search_for(length, **self._search),
                                      lambda params: ensemble.step_fn(cfg, params), chunk,
-                                     min_rows)
-    self._start = jax.jit(self._start_impl, static_argnums=(5,))
+                                     min_rows, store)
+    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5,))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],

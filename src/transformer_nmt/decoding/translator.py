@@ -18,6 +18,7 @@ from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError, DataError
@@ -174,32 +175,41 @@ class Translator:
 
   def __init__(self, cfg: Models, src_tok: Tokenizer, tgt_tok: Tokenizer,
                decode: DecodeConfig = DECODE, *, cache_mode: str = 'cached',
-               grow_cache: bool = True, n_best: int = 1):
+               grow_cache: bool = True, n_best: int = 1,
+               programs: Optional[str | pathlib.Path] = None):
     """`decode.compact` drops finished sentences every `decode.chunk` steps
     (translate.CompactingTranslate, 'cached' decoding only); without it each batch runs as one
     jitted loop (translate.translate) that checks every `chunk` steps whether all its rows are
     done. `n_best` (<= beam size) hypotheses per sentence are kept for `hypotheses`.
-    `cache_mode` and `grow_cache` are for measuring the decoder cache (bench/)."""
+    With `programs` (a directory, e.g. Workdir.programs) the compiled programs are kept there
+    and a later translator with the same settings calls them without tracing (programs.py);
+    `self.store` counts them. `cache_mode` and `grow_cache` are for measuring the decoder
+    cache (bench/)."""
     d = decode.validate()
     if not 1 <= n_best <= d.beam_size or (n_best > 1 and d.temperature > 0):
       raise ConfigError(f'n_best={n_best} must be between 1 and the beam size {d.beam_size} '
                         '(and 1 when sampling)')
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
     self.max_input_len, self.alpha, self.n_best = d.max_input_len, d.alpha, n_best
-    self._rng = jax.random.key(d.seed)  # sampling only: batch i uses fold_in(rng, i)
+    # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
+    # would compile programs of their own.
+    self._rng = jax.random.key(d.seed) if d.temperature > 0 else None
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
                   beam_size=d.beam_size, alpha=d.alpha, max_extra_len=d.max_extra_len,
                   chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop,
                   n_best=n_best, min_len=d.min_len, max_len=d.max_len,
                   no_repeat_ngram=d.no_repeat_ngram)
     self.compact = d.compact and cache_mode == 'cached'
+    self.store = None if programs is None else ProgramStore(programs, identity(
+        models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache))
     if self.compact:
-      self._translate = CompactingTranslate(cfg, **search)
+      self._translate = CompactingTranslate(cfg, **search, store=self.store)
     else:
-      self._translate = jax.jit(functools.partial(translate, cfg, cache_mode=cache_mode,
-                                                  grow_cache=grow_cache, **search))
+      self._translate = StoredJit(functools.partial(translate, cfg, cache_mode=cache_mode,
+                                                    grow_cache=grow_cache, **search),
+                                  'translate', self.store)
     self.scorer = Scorer(cfg, bos_id=tgt_tok.bos_id, pad_id=tgt_tok.pad_id,
-                         tokens_per_batch=d.tokens_per_batch)
+                         tokens_per_batch=d.tokens_per_batch, store=self.store)
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
                     progress: Optional[Callable[[int], None]] = None,
@@ -225,8 +235,8 @@ class Translator:
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
       given = {} if prefixes is None else {'prefix': _padded(prefixes, plan, self.tgt_tok.pad_id)}
-      ids = np.asarray(self._translate(params, src, segments, rng=jax.random.fold_in(self._rng, i),
-                                       **given))  # [rows, (N,) L]
+      rng = None if self._rng is None else jax.random.fold_in(self._rng, i)
+      ids = np.asarray(self._translate(params, src, segments, rng=rng, **given))  # [rows, (N,) L]
       for row, example in enumerate(plan.examples):
         found = ids[row] if ids.ndim == 3 else ids[row][None]
         # An n-best slot without a hypothesis holds no EOS (beam.result); the first always has.

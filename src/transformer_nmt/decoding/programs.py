@@ -1,0 +1,193 @@
+"""Compiled decoding programs kept on disk, so that a later run calls them without tracing.
+
+JAX's persistent compilation cache spares a rerun the compiler, but not the Python tracing
+and lowering that compute its key (about 0.1 s per program, a second or more per file with
+the dozen programs a beam search meets). A `ProgramStore` keeps each compiled program's
+executable (jax.experimental.serialize_executable) in a directory, and a `StoredJit` (used
+like `jax.jit`) looks a call's argument shapes up there before it traces anything.
+
+A store's programs are only valid for the jax, backend, XLA flags, package code and model and
+search settings they were built with; these form its identity, and its directory is named
+after their hash. Programs built for another identity are left alone (a one-line notice
+names what differs), a program that does not load is compiled again, and a store that
+cannot be written is used read-only: the store never stops a translation.
+
+Deserialising an executable can run arbitrary code (it is a pickle): a store is for one's own
+workdirs, like their checkpoints.
+
+On XLA:CPU (jax 0.10.2) an executable that JAX's persistent compilation cache supplied
+serialises without some of its kernels ('Function ... not found' when a later run calls it),
+so a program the cache supplied is not stored: use one or the other (decode.py does).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import pickle
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jaxlib
+from jax import monitoring
+from jax.experimental import serialize_executable
+
+from transformer_nmt.files import write_atomically
+
+_IDENTITY = 'identity.json'
+_cache_hits = [0]  # programs JAX's persistent compilation cache supplied in this process
+
+
+def _count_cache_hit(event: str, **_: Any) -> None:
+  _cache_hits[0] += event == '/jax/compilation_cache/cache_hits'
+
+
+monitoring.register_event_listener(_count_cache_hit)
+
+
+@functools.cache
+def _code_hash() -> str:
+  """Hash of this package's Python files: a program traced from other code is stale."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  digest = hashlib.sha256()
+  for path in sorted(root.rglob('*.py')):
+    digest.update(str(path.relative_to(root)).encode() + b'\0' + path.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def identity(**settings: Any) -> dict[str, str]:
+  """What a program depends on besides its argument shapes: the software, the backend, and
+  the caller's `settings` (model and search configuration), each as a string."""
+  device = jax.devices()[0]
+  fields = {'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+            'backend': f'{device.platform} {device.client.platform_version}',
+            'device': device.device_kind, 'xla_flags': os.environ.get('XLA_FLAGS', ''),
+            'x64': str(jax.config.jax_enable_x64), 'code': _code_hash()}
+  return fields | {name: str(value) for name, value in settings.items()}
+
+
+def _digest(text: str) -> str:
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class ProgramStore:
+  """Serialised executables in `root`/<hash of the identity>/<name>-<hash of shapes>.program.
+
+  `loaded` and `saved` count this process's programs read from and written to disk."""
+
+  def __init__(self, root: str | os.PathLike, fields: dict[str, str]):
+    self.root, self.fields = pathlib.Path(root), fields
+    self.directory = self.root / _digest(json.dumps(fields, sort_keys=True))
+    self.loaded = self.saved = 0
+    self.writable = True
+    if not self.directory.exists():
+      self._notice_stale()
+
+  def _notice_stale(self) -> None:
+    """One line when the root holds programs of other identities only, naming what differs
+    from the newest of them."""
+    others = sorted(self.root.glob(f'*/{_IDENTITY}'), key=lambda p: p.stat().st_mtime)
+    if not others:
+      return
+    try:
+      theirs = json.loads(others[-1].read_text())
+    except (OSError, ValueError):
+      theirs = {}
+    differ = sorted(k for k in self.fields.keys() | theirs.keys()
+                    if self.fields.get(k) != theirs.get(k))
+    count = len(list(others[-1].parent.glob('*.program')))
+    logging.warning('The %d compiled programs in %s were built for another %s; compiling '
+                    'the ones this run needs again', count, others[-1].parent,
+                    ', '.join(differ) or 'identity')
+
+  def path(self, name: str, signature: str) -> pathlib.Path:
+    return self.directory / f'{name}-{_digest(signature)}.program'
+
+  def load(self, name: str, signature: str) -> Optional[jax.stages.Compiled]:
+    """The program stored for `name` at these argument shapes, or None (also when the file
+    does not load, with a warning)."""
+    path = self.path(name, signature)
+    try:
+      data = path.read_bytes()
+    except OSError:
+      return None
+    try:
+      stored_signature, payload, in_tree, out_tree = pickle.loads(data)
+      if stored_signature != signature:  # a hash collision, however unlikely
+        return None
+      program = serialize_executable.deserialize_and_load(
+          payload, in_tree, out_tree, execution_devices=jax.devices()[:1])
+    except Exception as e:  # noqa: BLE001 -- a damaged or foreign file raises anything
+      logging.warning('Stored program %s does not load (%s: %s); compiling it again', path,
+                      type(e).__name__, str(e).splitlines()[0][:200] if str(e) else '')
+      return None
+    self.loaded += 1
+    return program
+
+  def save(self, name: str, signature: str, program: jax.stages.Compiled) -> None:
+    """Writes the program (atomically); on the first failure, e.g. a read-only workdir or a
+    full disk, warns once and stops writing."""
+    if not self.writable:
+      return
+    try:
+      payload, in_tree, out_tree = serialize_executable.serialize(program)
+      self.directory.mkdir(parents=True, exist_ok=True)
+      if not (self.directory / _IDENTITY).exists():
+        write_atomically(self.directory / _IDENTITY, json.dumps(self.fields, indent=1))
+      write_atomically(self.path(name, signature),
+                       pickle.dumps((signature, payload, in_tree, out_tree)))
+    except (OSError, ValueError, NotImplementedError, pickle.PicklingError) as e:
+      self.writable = False
+      logging.warning('Not keeping compiled programs in %s (%s)', self.directory, e)
+      return
+    self.saved += 1
+
+
+def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]) -> str:
+  """A call's pytree structure, each leaf's shape, dtype and weak type, and the static
+  arguments' values: what decides which compiled program serves the call."""
+  dynamic = [a for i, a in enumerate(args) if i not in static]
+  leaves, tree = jax.tree_util.tree_flatten((dynamic, kwargs))
+  shapes = ';'.join(f'{getattr(x, "shape", ())}{getattr(x, "dtype", type(x).__name__)}'
+                    f'{"w" if getattr(x, "weak_type", False) else ""}' for x in leaves)
+  return f'{tree}|{shapes}|{[args[i] for i in static]!r}'
+
+
+class StoredJit:
+  """`jax.jit(fn, static_argnums=static)` whose compiled programs, one per argument
+  signature, come from a `ProgramStore` when it holds them and go to it when they are
+  compiled; without a store, `jax.jit` itself. Static arguments must be positional."""
+
+  def __init__(self, fn: Callable, name: str, store: Optional[ProgramStore] = None,
+               static_argnums: Sequence[int] = ()):
+    self.name, self.store, self.static = name, store, tuple(static_argnums)
+    self.jitted = jax.jit(fn, static_argnums=self.static)
+    self._programs: dict[str, jax.stages.Compiled] = {}
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if self.store is None:
+      return self.jitted(*args, **kwargs)
+    key = signature(args, kwargs, self.static)
+    dynamic = [a for i, a in enumerate(args) if i not in self.static]
+    program = self._programs.get(key)
+    if program is not None:
+      return program(*dynamic, **kwargs)
+    program = self.store.load(self.name, key)
+    if program is not None:
+      try:  # the first call of a stored program proves that it runs
+        out = program(*dynamic, **kwargs)
+        self._programs[key] = program
+        return out
+      except jax.errors.JaxRuntimeError as e:
+        logging.warning('Stored program %s does not run (%s); compiling it again',
+                        self.store.path(self.name, key), str(e).splitlines()[0][:200])
+    hits = _cache_hits[0]
+    program = self.jitted.lower(*args, **kwargs).compile()
+    if _cache_hits[0] == hits:  # compiled here, not read from the persistent cache
+      self.store.save(self.name, key, program)
+    self._programs[key] = program
+    return program(*dynamic, **kwargs)

@@ -1,0 +1,117 @@
+"""Compiled decoding programs kept on disk (decoding/programs.py): a second translator with
+the same settings calls them without compiling; stale, damaged and unwritable stores never
+stop a translation."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_nmt.config import DecodeConfig
+from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
+from transformer_nmt.decoding.translator import Translator
+
+SETTINGS = DecodeConfig(beam_size=2, max_extra_len=4)
+
+
+class Compiles:
+  """Counts XLA compilations while active (JAX's monitoring events)."""
+
+  def __init__(self):
+    self.count, self.active = 0, False
+    jax.monitoring.register_event_duration_secs_listener(self._on)
+
+  def _on(self, event, duration, **_):
+    self.count += self.active and event == '/jax/core/compile/backend_compile_duration'
+
+  def __enter__(self):
+    self.count, self.active = 0, True
+    return self
+
+  def __exit__(self, *_):
+    self.active = False
+
+
+@pytest.fixture(scope='module')
+def compiles():
+  return Compiles()
+
+
+def _translator(loaded, directory, decode=SETTINGS, **kw):
+  return Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode, programs=directory, **kw)
+
+
+@pytest.fixture(scope='module')
+def stored(loaded, lines, tmp_path_factory):
+  """A program directory filled by one translation, and that translation's outputs."""
+  directory = tmp_path_factory.mktemp('programs')
+  first = _translator(loaded, directory)
+  out = first.translate_lines(loaded.params, lines)
+  assert first.store.saved > 0 and first.store.loaded == 0
+  return directory, out, first.store.saved
+
+
+def test_a_second_translator_loads_every_program_and_compiles_none(loaded, lines, stored,
+                                                                   compiles):
+  directory, out, saved = stored
+  again = _translator(loaded, directory)
+  with compiles:
+    assert again.translate_lines(loaded.params, lines) == out
+  assert compiles.count == 0
+  assert again.store.loaded == saved and again.store.saved == 0
+  plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, SETTINGS)  # jax.jit only
+  assert plain.store is None and plain.translate_lines(loaded.params, lines) == out
+
+
+def test_other_settings_get_their_own_programs_with_a_notice(loaded, lines, stored, caplog):
+  directory, _, saved = stored
+  with caplog.at_level(logging.WARNING):
+    other = _translator(loaded, directory, DecodeConfig(beam_size=1, max_extra_len=4))
+  assert f'The {saved} compiled programs in' in caplog.text and 'another decode' in caplog.text
+  other.translate_lines(loaded.params, lines[:2])
+  assert other.store.loaded == 0 and other.store.saved > 0
+  assert other.store.directory != _translator(loaded, directory).store.directory
+
+
+def test_a_damaged_program_is_compiled_again(loaded, lines, stored, tmp_path, caplog):
+  directory, out, _ = stored
+  copy = tmp_path / 'programs'
+  copy.mkdir()
+  for sub in directory.iterdir():
+    (copy / sub.name).mkdir()
+    for f in sub.iterdir():
+      (copy / sub.name / f.name).write_bytes(f.read_bytes())
+  victim = sorted(copy.glob('*/advance-*.program'))[0]
+  victim.write_bytes(b'not a program')
+  again = _translator(loaded, copy)
+  with caplog.at_level(logging.WARNING):
+    assert again.translate_lines(loaded.params, lines) == out
+  assert f'Stored program {victim} does not load' in caplog.text
+  assert again.store.saved == 1 and victim.read_bytes() != b'not a program'
+
+
+def test_an_unwritable_store_warns_once_and_translates(loaded, lines, stored, tmp_path, caplog):
+  _, out, _ = stored
+  blocked = tmp_path / 'programs'
+  blocked.write_text('a file where the directory would go')  # fails for root too
+  translator = _translator(loaded, blocked)
+  with caplog.at_level(logging.WARNING):
+    assert translator.translate_lines(loaded.params, lines) == out
+  assert caplog.text.count('Not keeping compiled programs') == 1
+  assert not translator.store.writable and translator.store.saved == 0
+
+
+def test_stored_jit_keys_on_shapes_dtypes_and_static_arguments(tmp_path, compiles):
+  store = ProgramStore(tmp_path, identity(test='keys'))
+  fn = StoredJit(lambda x, n: x * n, 'scale', store, static_argnums=(1,))
+  assert float(fn(jnp.ones(3), 2)[0]) == 2.0
+  assert float(fn(jnp.ones(3), 3)[0]) == 3.0  # another static value: another program
+  assert fn(np.ones(4, np.int32), 2).dtype == jnp.int32  # another shape and dtype
+  assert store.saved == 3
+  later = ProgramStore(tmp_path, identity(test='keys'))
+  again = StoredJit(lambda x, n: x * n, 'scale', later, static_argnums=(1,))
+  with compiles:
+    assert float(again(jnp.ones(3), 3)[1]) == 3.0
+  assert later.loaded == 1 and compiles.count == 0
