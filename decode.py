@@ -12,6 +12,9 @@ per-subword log-probabilities and alignment (forced decoding, decoding/scoring.p
 input (text: "logprob<TAB>score" per line; jsonl: the same object with that one hypothesis).
 --prefix FILE starts each translation with its line's target prefix; --resume continues an
 interrupted run from OUTPUT.partial.
+
+The compiled programs are kept in WORKDIR/programs, so a later run with the same settings
+starts without compiling (decoding/programs.py); --precompile --input FILE only fills it.
 """
 
 import contextlib
@@ -58,6 +61,10 @@ _COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a ba
 _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
+_PRECOMPILE = flags.DEFINE_bool('precompile', False, 'Translate --input only to compile and '
+                                'store the programs its batches need in WORKDIR/programs, '
+                                'writing no translations: run it once on text like the text to '
+                                'come (the validation set, say) and later runs start at once.')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'With --noprograms: keep compiled '
                                    'programs in WORKDIR/compile_cache, so a later run with the '
                                    'same batch shapes skips most compilation (JAX persistent '
@@ -289,13 +296,19 @@ def run() -> None:
       count, tokens, kept = _translate_blocks(translator, model, _skip(blocks, done), progress,
                                               keep, out)
   else:
-    with _output(_OUTPUT.value) as out:
+    import os
+    sink = open(os.devnull, 'w', encoding='utf-8') if _PRECOMPILE.value else None
+    with contextlib.closing(sink) if sink else _output(_OUTPUT.value) as out:
       count, tokens, kept = _translate_blocks(translator, model, blocks, progress, keep, out,
                                               beside.get('prefix'))
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s; '
         f'{compiles.summary()}{_stored(translator)}', file=sys.stderr)
+  if _PRECOMPILE.value:
+    store = translator.store
+    print(f'{store.saved} programs compiled and stored in {store.directory} ({store.loaded} '
+          'were there already)', file=sys.stderr)
   if _REFERENCE.value:
     _score([h for _, h in kept], refs)
   if _PLOT.value:
@@ -359,6 +372,10 @@ def _check_modes() -> None:
     raise DataError(f'--n_best={_N_BEST.value} must be at least 1')
   if _N_BEST.value > 1 and _FORMAT.value != 'jsonl':
     raise DataError(f'--n_best={_N_BEST.value} needs --format jsonl (text is one line per input)')
+  if _PRECOMPILE.value and (not _PROGRAMS.value or _OUTPUT.value != '-' or _RESUME.value
+                            or _SCORE_REFERENCE.value):
+    raise DataError('--precompile stores programs and writes no translations: it takes none '
+                    'of --noprograms, --output, --resume, --score_reference')
   if _RESUME.value and (_OUTPUT.value == '-' or _REFERENCE.value or _SCORE_REFERENCE.value
                         or _PREFIX.value):
     raise DataError('--resume continues an --output file, and not with --reference, '

@@ -1,7 +1,8 @@
 """Decoding speed, side by side in one run: greedy and beam 4; finished sentences dropped
 every 4 steps ('cached', the default; every 8 for comparison) against each batch run to its
 end in one jitted loop ('one loop ...'; the variants without the cache also run that way),
-float32 against bfloat16, the paper's beam stopping rule against CTranslate2's (k_finished), a
+float32 against bfloat16, the paper's beam stopping rule against CTranslate2's (k_finished),
+a beam that keeps its 4 best hypotheses (decode.py --n_best 4) against one that keeps one, a
 cache that grows in stages against one of the full length limit, chunked early stopping
 against a full-length scan, with and without the KV cache and cross-attention K/V reuse, and
 the same weights exported to CTranslate2 in float32 and int8 (--ctranslate2; pip install -r
@@ -49,6 +50,7 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
 VARIANTS = {  # name -> Translator options that differ from the default (plus the compute dtype)
     'cached': {},
     'cached (stop at K finished)': dict(beam_stop='k_finished'),
+    'cached, 4-best kept': dict(n_best=4),
     'cached (chunks of 8 steps)': dict(chunk=8),
     'cached (stop at K finished; chunks of 8)': dict(chunk=8, beam_stop='k_finished'),
     'cached bfloat16': dict(dtype='bfloat16'),
@@ -69,7 +71,7 @@ def measure(model, rows, beam, options):
   from transformer_nmt.decoding.translator import Translator
   options = dict(options)
   cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
-  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache') if k in options}
+  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache', 'n_best') if k in options}
   decode = DecodeConfig(beam_size=beam, max_extra_len=_MAX_EXTRA.value,
                         tokens_per_batch=_BATCH_TOKENS.value, **options)
   translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, **runtime)
@@ -135,7 +137,8 @@ def main(argv):
     reference = None
     runs = [(name, lambda o=VARIANTS[name]: measure(model, rows, beam, o))
             for name in _VARIANT_NAMES.value  # greedy has no beam stopping rule:
-            if beam > 1 or VARIANTS[name].get('beam_stop', 'bound') == 'bound']
+            if beam > 1 or (VARIANTS[name].get('beam_stop', 'bound') == 'bound'
+                            and VARIANTS[name].get('n_best', 1) == 1)]
     if ct2_dir:
       runs += [(ct2_name(t), lambda t=t: measure_ctranslate2(model, rows, beam, ct2_dir, t))
                for t in _CT2_TYPES.value]

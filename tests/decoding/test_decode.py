@@ -89,16 +89,17 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   shutil.rmtree(cache, ignore_errors=True)
   flags = ('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4')
   stdin = '\n'.join(test_lines[:2]) + '\n\n'
-  result = run_decode(*flags, stdin=stdin)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stdout.split('\n')[2] == '' and len(result.stdout.split('\n')) == 4
+  first = run_decode(*flags, '--precompile', stdin=stdin)  # compiles and stores, writes nothing
+  assert first.returncode == 0 and first.stdout == '', first.stderr[-3000:]
   stored = sorted(p.name for p in programs.glob('*/*.program'))
   assert any(name.startswith('advance-') for name in stored), stored  # search steps
+  assert f'{len(stored)} programs compiled and stored in {programs}' in first.stderr
   assert not cache.exists()  # the store replaces JAX's cache (programs.py says why)
-  again = run_decode(*flags, stdin=stdin)  # every program from the store, none compiled
-  assert again.returncode == 0 and again.stdout == result.stdout, again.stderr[-3000:]
+  result = run_decode(*flags, stdin=stdin)  # every program from the store, none compiled
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split('\n')[2] == '' and len(result.stdout.split('\n')) == 4
   assert f'0 programs compiled, 0 loaded from the compile cache, {len(stored)} stored ' \
-         'programs loaded' in again.stderr, again.stderr[-2000:]
+         'programs loaded' in result.stderr, result.stderr[-2000:]
   plain = run_decode(*flags, '--noprograms', stdin=stdin)  # JAX's cache instead
   assert plain.returncode == 0 and plain.stdout == result.stdout, plain.stderr[-3000:]
   assert any(p.name.startswith('jit__advance') for p in cache.iterdir())
@@ -120,6 +121,8 @@ def test_decode_bad_input(tiny_workdir, tmp_path):
                  'error: --chunk=0 must be positive')
   _clean_failure(run_decode('--workdir', wd, '--beam_size', '0', stdin='x\n'),
                  'error: --beam_size=0 must be positive')
+  _clean_failure(run_decode('--workdir', wd, '--precompile', '--output', str(tmp_path / 'o')),
+                 '--precompile stores programs and writes no translations')
   (tmp_path / 'ref').write_text('a\nb\n')
   _clean_failure(run_decode('--workdir', wd, '--reference', str(tmp_path / 'ref'), stdin='x\n'),
                  'has 2 lines but the input has 1')

@@ -1,0 +1,146 @@
+"""Time to translation, whole process: decode.py against CTranslate2 on the same weights.
+
+  python bench/latency.py --workdir runs/m30k_en_de --input ../shared/data/multi30k/test2016.en
+
+For the first N lines of the input (N in --sizes), each job is a fresh Python process, timed
+from its start to its exit (wall, user + system CPU, peak resident memory):
+- decode.py on a cold workdir: no stored programs, no compile cache (everything compiled);
+- decode.py warm: again, calling the programs the cold run stored in WORKDIR/programs;
+- decode.py --noprograms, warm JAX compile cache (how decode.py worked before the store):
+  every program traced again and looked up in the cache;
+- CTranslate2: a process that imports ctranslate2 and sentencepiece, loads the exported model,
+  tokenizes, translates with the same beam, length penalty and length limit, and writes;
+- the JAX runtime alone (import jax, one array on the device): the baseline of our memory.
+The workdir is never written: each N gets a scratch workdir that links its config, vocabulary
+and checkpoints. Needs bench/requirements.txt (ctranslate2).
+"""
+
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from transformer_nmt.config import DECODE
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
+_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
+_SIZES = flags.DEFINE_list('sizes', ['1', '10', '100', '1000'], 'Numbers of first lines.')
+_BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'Beam size for both.')
+_MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
+                                'replacing its bench/latency.py section.')
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# The CTranslate2 job: argv = model dir, spm model, input, output, beam, alpha, max extra len.
+CT2_JOB = '''
+import sys
+import ctranslate2, sentencepiece
+model, spm, source, target, beam, alpha, extra = sys.argv[1:]
+sp = sentencepiece.SentencePieceProcessor(model_file=spm)
+lines = open(source, encoding='utf-8').read().splitlines()
+pieces = [p + ['</s>'] for p in sp.encode(lines, out_type=str)]
+translator = ctranslate2.Translator(model, device='cpu', compute_type='float32')
+results = translator.translate_batch(
+    pieces, beam_size=int(beam), length_penalty=float(alpha), max_batch_size=4096,
+    batch_type='tokens', max_decoding_length=max(map(len, pieces)) + int(extra))
+with open(target, 'w', encoding='utf-8') as f:
+  f.writelines(sp.decode(r.hypotheses[0]) + '\\n' for r in results)
+'''
+BASELINE_JOB = 'import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()'
+
+
+def run(args: list[str]) -> dict:
+  """Runs one process to its end: wall and CPU seconds, peak memory in GB, stderr."""
+  t0 = time.perf_counter()
+  proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+  stderr = proc.stderr.read()
+  _, status, usage = os.wait4(proc.pid, 0)
+  wall = time.perf_counter() - t0
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise RuntimeError(f'{shlex.join(args)} failed:\n{stderr[-2000:]}')
+  return dict(wall=wall, cpu=usage.ru_utime + usage.ru_stime, gb=usage.ru_maxrss / 2**20,
+              stderr=stderr)
+
+
+def scratch_workdir(workdir: pathlib.Path) -> pathlib.Path:
+  """A workdir that links the trained one's files but keeps its own programs and cache."""
+  scratch = pathlib.Path(tempfile.mkdtemp(prefix='latency_'))
+  for entry in workdir.iterdir():
+    if entry.name.startswith('spm') or entry.name in ('config.json', 'checkpoints', 'best'):
+      (scratch / entry.name).symlink_to(entry.resolve())
+  return scratch
+
+
+def programs(stderr: str) -> str:
+  """'compiled / from the compile cache / stored' counts from decode.py's speed line."""
+  m = re.search(r'(\d+) programs compiled, (\d+) loaded from the compile cache'
+                r'(?:, (\d+) stored programs loaded)?', stderr)
+  return f'{m[1]} / {m[2]} / {m[3] or 0}' if m else '?'
+
+
+def main(argv):
+  del argv
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.export import export
+  from transformer_nmt.workdir import Workdir
+  workdir = pathlib.Path(_WORKDIR.value)
+  model = load_workdir(workdir)
+  decode = model.decode
+  ct2_dir = tempfile.mkdtemp(prefix='latency_ct2_')
+  export(model.cfg, model.params, model.src_tok, model.tgt_tok, ct2_dir)
+  spm = str(Workdir(workdir).existing_tokenizer_paths()[0])
+  lines = data_lib.read_lines(_INPUT.value)
+  scratch = pathlib.Path(tempfile.mkdtemp(prefix='latency_io_'))
+  baseline = run([sys.executable, '-c', BASELINE_JOB])
+  table = []
+  for n in [int(s) for s in _SIZES.value]:
+    source, ours, theirs = scratch / f'{n}.src', scratch / f'{n}.ours', scratch / f'{n}.ct2'
+    source.write_text(''.join(line + '\n' for line in lines[:n]), encoding='utf-8')
+    work = scratch_workdir(workdir)
+    decode_cmd = [sys.executable, 'decode.py', '--workdir', str(work), '--input', str(source),
+                  '--output', str(ours), '--beam_size', str(_BEAM.value)]
+    jobs = [('decode.py, cold workdir', decode_cmd), ('decode.py, stored programs', decode_cmd),
+            ('decode.py --noprograms, first', decode_cmd + ['--noprograms']),
+            ('decode.py --noprograms, warm compile cache', decode_cmd + ['--noprograms']),
+            ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
+                                        str(source), str(theirs), str(_BEAM.value),
+                                        str(decode.alpha), str(decode.max_extra_len)])]
+    for name, args in jobs:
+      r = run(args)
+      same = ''
+      if name.startswith('CTranslate2'):
+        a, b = ours.read_text().splitlines(), theirs.read_text().splitlines()
+        same = f'{sum(x == y for x, y in zip(a, b))}/{n} lines as ours'
+      if name.endswith(', first'):
+        continue  # fills the compile cache for the next job
+      table.append(f'| {n} | {name} | {r["wall"]:.2f} | {r["cpu"]:.2f} | {r["gb"]:.2f} | '
+                   f'{programs(r["stderr"]) if "decode" in name else same} |')
+      print(table[-1], flush=True)
+  from transformer_nmt.results import machine
+  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/latency.py "
+          f"{shlex.join(sys.argv[1:])}`\n\nModel {model.cfg.num_layers}+{model.cfg.num_layers} "
+          f'layers, d_model {model.cfg.d_model}, checkpoint steps {model.steps}; beam '
+          f'{_BEAM.value}, alpha {decode.alpha}, length limit input + {decode.max_extra_len}. '
+          f'Whole processes; the JAX runtime alone (import jax, one array): {baseline["wall"]:.2f}'
+          f' s wall, {baseline["gb"]:.2f} GB.\n\n'
+          '| lines | job | wall s | CPU s | peak GB | programs compiled / from compile cache / '
+          'stored (decode.py); agreement (CTranslate2) |\n| ---: | --- | ---: | ---: | ---: | '
+          '--- |\n' + '\n'.join(table) + '\n')
+  print(text)
+  if _MARKDOWN.value:
+    from bench_markdown import write_section
+    write_section(pathlib.Path(_MARKDOWN.value), 'bench/latency.py', text)
+
+
+if __name__ == '__main__':
+  sys.path.insert(0, str(ROOT / 'bench'))
+  app.run(main)
