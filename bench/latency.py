@@ -15,7 +15,6 @@ The workdir is never written: each N gets a scratch workdir that links its confi
 and checkpoints. Needs bench/requirements.txt (ctranslate2).
 """
 
-import os
 import pathlib
 import re
 import shlex
@@ -55,19 +54,30 @@ with open(target, 'w', encoding='utf-8') as f:
 BASELINE_JOB = 'import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()'
 
 
+# Runs a command and reports its wall and CPU time and peak memory. Launched as a small
+# process of its own: Linux keeps a parent's peak resident size in a child's count across
+# fork and exec, and this benchmark's own process holds the model and JAX.
+LAUNCH_JOB = '''
+import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+stderr = proc.stderr.read()
+_, status, usage = os.wait4(proc.pid, 0)
+report = dict(wall=time.perf_counter() - t0, cpu=usage.ru_utime + usage.ru_stime,
+              gb=usage.ru_maxrss / 2**20, code=os.waitstatus_to_exitcode(status), stderr=stderr)
+open(sys.argv[1], 'w').write(json.dumps(report))
+'''
+
+
 def run(args: list[str]) -> dict:
   """Runs one process to its end: wall and CPU seconds, peak memory in GB, stderr."""
-  t0 = time.perf_counter()
-  proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
-  stderr = proc.stderr.read()
-  _, status, usage = os.wait4(proc.pid, 0)
-  wall = time.perf_counter() - t0
-  proc.returncode = os.waitstatus_to_exitcode(status)
-  if proc.returncode:
-    raise RuntimeError(f'{shlex.join(args)} failed:\n{stderr[-2000:]}')
-  return dict(wall=wall, cpu=usage.ru_utime + usage.ru_stime, gb=usage.ru_maxrss / 2**20,
-              stderr=stderr)
+  import json
+  with tempfile.NamedTemporaryFile(suffix='.json') as report:
+    subprocess.run([sys.executable, '-c', LAUNCH_JOB, report.name, *args], cwd=ROOT, check=True)
+    result = json.loads(pathlib.Path(report.name).read_text())
+  if result['code']:
+    raise RuntimeError(f'{shlex.join(args)} failed:\n{result["stderr"][-2000:]}')
+  return result
 
 
 def scratch_workdir(workdir: pathlib.Path) -> pathlib.Path:

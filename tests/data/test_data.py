@@ -152,3 +152,17 @@ def test_line_blocks_hand_out_blocks_and_name_a_bad_line():
   assert next(blocks) == ['ok', 'ok']  # the first block is out before the bad line is read
   with pytest.raises(DataError, match='in.en:3: invalid UTF-8'):
     next(blocks)
+
+
+def test_fill_batches_shares_batches_across_buckets_within_the_budget():
+  lengths = np.array([5, 30, 7, 12, 9, 11, 30, 6])
+  plans = data_lib.fill_batches(lengths, [8, 12, 16, 32], tokens_per_batch=64)
+  # Sorted: 5 6 7 9 11 | 12 30 | 30. Six sentences padded to 12 are 72 > 64 tokens, so the
+  # first batch stops at five; 12 and a 30 share one padded to 32 (64 tokens).
+  assert [p.examples.tolist() for p in plans] == [[0, 7, 2, 4, 5], [3, 1], [6]]
+  assert [(p.rows, p.length) for p in plans] == [(5, 12), (2, 32), (2, 32)]
+  for p in plans:
+    assert len(p.examples) * p.length <= 64 and p.length >= lengths[p.examples].max()
+  assert len(data_lib.fill_batches(np.array([40]), [8, 48], tokens_per_batch=16)) == 1
+  short = data_lib.fill_batches(np.array([5, 14, 9, 22, 7]), [8, 12, 16, 20, 28], 4096)
+  assert len(short) == 1 and short[0].length == 28  # a short input is one batch

@@ -78,7 +78,7 @@ class Scorer:
                                  self.pad_id, self.bos_id, data_lib.bucket_boundaries(longest),
                                  data_lib.ReadStats())
     out: list[Optional[Scored]] = [None] * len(data)
-    plans = data_lib.plan_batches(data.lengths, data.boundaries, self.tokens_per_batch)
+    plans = data_lib.fill_batches(data.lengths, data.boundaries, self.tokens_per_batch)
     for plan in data_lib.trim_rows(plans):
       batch = data_lib.collate(data, plan)
       logp, align = map(np.asarray, self._scores(params, batch))

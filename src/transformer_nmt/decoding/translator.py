@@ -226,10 +226,12 @@ class Translator:
     if not rows:
       return out
     lengths = np.array([len(r) for r in rows])
-    boundaries = data_lib.bucket_boundaries(int(lengths.max()))
-    # Compacting decoding starts a bucket's last batch at its sentences rounded up to 8 rows
+    # One grid of padded lengths for every input (not one ending at this input's longest), so
+    # that the programs compiled for one file serve the next (programs.py).
+    boundaries = data_lib.bucket_boundaries(max(self.max_input_len, int(lengths.max())))
+    # Compacting decoding starts a partly filled batch at its sentences rounded up to 8 rows
     # (filler rows would fill the first chunks); the one-loop path keeps powers of two.
-    plans = data_lib.trim_rows(data_lib.plan_batches(lengths, boundaries, self.tokens_per_batch),
+    plans = data_lib.trim_rows(data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch),
                                power_of_two=not self.compact)
     eos = self.tgt_tok.eos_id
     for i, plan in enumerate(plans):
