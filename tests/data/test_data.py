@@ -166,3 +166,16 @@ def test_fill_batches_shares_batches_across_buckets_within_the_budget():
   assert len(data_lib.fill_batches(np.array([40]), [8, 48], tokens_per_batch=16)) == 1
   short = data_lib.fill_batches(np.array([5, 14, 9, 22, 7]), [8, 12, 16, 20, 28], 4096)
   assert len(short) == 1 and short[0].length == 28  # a short input is one batch
+
+
+def test_fill_batches_on_a_grid_of_row_sizes():
+  sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+  lengths = np.array([9] * 30 + [20] * 3)
+  plans = data_lib.fill_batches(lengths, [12, 24], tokens_per_batch=300, row_sizes=sizes,
+                                min_rows=8)
+  # 300 // 12 = 25 rows fit: the largest size is 24; 6 sentences of 12 and 3 of 24 remain.
+  assert [(len(p.examples), p.rows, p.length) for p in plans] == [(24, 24, 12), (9, 12, 24)]
+  one = data_lib.fill_batches(np.array([5]), [8], 4096, sizes, min_rows=8)
+  assert one[0].rows == 8  # at least min_rows ...
+  long = data_lib.fill_batches(np.array([90, 90]), [100], 300, sizes, min_rows=8)
+  assert [(len(p.examples), p.rows) for p in long] == [(2, 2)]  # ... unless the budget allows fewer

@@ -189,21 +189,33 @@ def plan_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batc
   return plans
 
 
-def fill_batches(lengths: np.ndarray, boundaries: Sequence[int],
-                 tokens_per_batch: int) -> list[BatchPlan]:
+def fill_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batch: int,
+                 row_sizes: Optional[Sequence[int]] = None, min_rows: int = 1) -> list[BatchPlan]:
   """Examples sorted by length and cut greedily into batches of at most `tokens_per_batch`
   padded tokens, each padded to the bucket length of its longest example (a single example
   over the budget is a batch of one). Unlike `plan_batches`, neighbouring buckets share a
   batch while it has room, so a short input is one batch, one compiled shape (decoding: ten
-  sentences of Multi30k fell into five buckets, five batches and 41 compiled programs)."""
+  sentences of Multi30k fell into five buckets, five batches and 41 compiled programs).
+
+  With `row_sizes` (increasing, from 1) every batch's row count is one of them: at most the
+  largest that fits the budget, and the smallest that holds its examples and `min_rows`
+  (when the budget allows that many), so batch shapes come from a fixed grid."""
   order = np.argsort(lengths, kind='stable')
   bounds = np.asarray(boundaries)
   padded = bounds[np.searchsorted(bounds, np.asarray(lengths)[order])]
+  sizes = None if row_sizes is None else np.asarray(row_sizes)
+
+  def cap(length: int) -> int:  # most rows a batch padded to `length` may have
+    limit = max(1, tokens_per_batch // int(length))
+    return limit if sizes is None else int(sizes[np.searchsorted(sizes, limit, 'right') - 1])
+
   plans, start = [], 0
   for i in range(1, len(order) + 1):
-    if i == len(order) or (i - start + 1) * padded[i] > tokens_per_batch:
+    if i == len(order) or i - start + 1 > cap(padded[i]):
       length = int(padded[i - 1])
-      plans.append(BatchPlan(order[start:i], max(1, tokens_per_batch // length), length))
+      rows = cap(length) if sizes is None else int(
+          sizes[np.searchsorted(sizes, max(i - start, min(min_rows, cap(length))))])
+      plans.append(BatchPlan(order[start:i], rows, length))
       start = i
   return plans
 

@@ -77,10 +77,13 @@ class BeamState:
 def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
                prefix: Optional[Prefix] = None) -> BeamState:
   """Only beam 0 is live at first, so the first step does not pick K copies of one token."""
-  logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1)), (batch, 1))
+  logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), (batch, 1))
   seqs = jnp.full((batch, beam_size, length), pad_id, jnp.int32)
-  return BeamState(jnp.int32(0), seqs, logprobs, seqs, jnp.full((batch, beam_size), NEG_INF),
-                   tile_beams(cache, beam_size), prefix)
+  # float32, not a weak type: a state with a weak leaf would compile each search step once
+  # for the first chunk and again for the rest.
+  finished = jnp.full((batch, beam_size), NEG_INF, jnp.float32)
+  return BeamState(jnp.int32(0), seqs, logprobs, seqs, finished, tile_beams(cache, beam_size),
+                   prefix)
 
 
 STOPS = BEAM_STOPS

@@ -51,6 +51,18 @@ def compacted_size(live: int, rows: int, min_rows: int) -> int:
   return min(size, rows)
 
 
+def batch_sizes(limit: int, powers_of_two: bool = False) -> list[int]:
+  """The batch sizes decoding starts batches at, up to `limit`: 1, 2, 4, then the ladder of
+  `compacted_size` (8, 12, 16, 24, ...; only powers of two with `powers_of_two`). Batches of
+  these sizes and compaction down the same ladder keep the compiled shapes to a fixed grid
+  that every file meets again (programs.py)."""
+  sizes, size = [], 1
+  while size <= max(limit, 1):
+    sizes.append(size)
+    size = 2 * size if powers_of_two or size < 8 else compacted_size(size + 1, 1 << 62, 8)
+  return sizes
+
+
 def _next_power_of_two(n: int) -> int:
   return 1 << n.bit_length()
 

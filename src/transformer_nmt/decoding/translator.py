@@ -17,6 +17,7 @@ from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding.beam import length_penalty
+from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
 from transformer_nmt.decoding.scoring import Scorer
@@ -229,10 +230,10 @@ class Translator:
     # One grid of padded lengths for every input (not one ending at this input's longest), so
     # that the programs compiled for one file serve the next (programs.py).
     boundaries = data_lib.bucket_boundaries(max(self.max_input_len, int(lengths.max())))
-    # Compacting decoding starts a partly filled batch at its sentences rounded up to 8 rows
-    # (filler rows would fill the first chunks); the one-loop path keeps powers of two.
-    plans = data_lib.trim_rows(data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch),
-                               power_of_two=not self.compact)
+    # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
+    # two): few shapes, and the same ones for every file.
+    sizes = batch_sizes(self.tokens_per_batch, powers_of_two=not self.compact)
+    plans = data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch, sizes, min_rows=8)
     eos = self.tgt_tok.eos_id
     for i, plan in enumerate(plans):
       src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
