@@ -50,7 +50,7 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into thi
 VARIANTS = {  # name -> Translator options that differ from the default (plus the compute dtype)
     'cached': {},
     'cached (stop at K finished)': dict(beam_stop='k_finished'),
-    'cached, 4-best kept': dict(n_best=4),
+    'cached (4-best kept)': dict(n_best=4),
     'cached (chunks of 8 steps)': dict(chunk=8),
     'cached (stop at K finished; chunks of 8)': dict(chunk=8, beam_stop='k_finished'),
     'cached bfloat16': dict(dtype='bfloat16'),

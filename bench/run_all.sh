@@ -19,3 +19,5 @@ python bench/micro.py --markdown bench/RESULTS.md
 python bench/decode.py --workdir "$workdir" --input ../shared/data/multi30k/test2016.en \
   --variants 'cached,cached (stop at K finished),cached (chunks of 8 steps),cached bfloat16,cached bfloat16 (stop at K finished),one loop per batch' \
   --ctranslate2 --markdown bench/RESULTS.md
+python bench/latency.py --workdir "$workdir" --input ../shared/data/multi30k/test2016.en \
+  --markdown bench/RESULTS.md
