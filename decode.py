@@ -307,6 +307,9 @@ def run() -> None:
         f'{compiles.summary()}{_stored(translator)}', file=sys.stderr)
   if _PRECOMPILE.value:
     store = translator.store
+    if not store.writable:
+      raise DataError(f'--precompile: the programs could not be stored in {store.root} (see the '
+                      'warning above)')
     print(f'{store.saved} programs compiled and stored in {store.directory} ({store.loaded} '
           'were there already)', file=sys.stderr)
   if _REFERENCE.value:
@@ -373,9 +376,9 @@ def _check_modes() -> None:
   if _N_BEST.value > 1 and _FORMAT.value != 'jsonl':
     raise DataError(f'--n_best={_N_BEST.value} needs --format jsonl (text is one line per input)')
   if _PRECOMPILE.value and (not _PROGRAMS.value or _OUTPUT.value != '-' or _RESUME.value
-                            or _SCORE_REFERENCE.value):
+                            or _SCORE_REFERENCE.value or _PLOT.value):
     raise DataError('--precompile stores programs and writes no translations: it takes none '
-                    'of --noprograms, --output, --resume, --score_reference')
+                    'of --noprograms, --output, --resume, --score_reference, --plot_attention')
   if _RESUME.value and (_OUTPUT.value == '-' or _REFERENCE.value or _SCORE_REFERENCE.value
                         or _PREFIX.value):
     raise DataError('--resume continues an --output file, and not with --reference, '

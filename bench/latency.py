@@ -9,7 +9,8 @@ from its start to its exit (wall, user + system CPU, peak resident memory):
 - decode.py --noprograms, warm JAX compile cache (how decode.py worked before the store):
   every program traced again and looked up in the cache;
 - CTranslate2: a process that imports ctranslate2 and sentencepiece, loads the exported model,
-  tokenizes, translates with the same beam, length penalty and length limit, and writes;
+  tokenizes, translates with the same beam and length penalty, and writes (its length limit
+  is one for the whole call: the longest input + 50, where decode.py's is each input's own);
 - the JAX runtime alone (import jax, one array on the device): the baseline of our memory.
 The workdir is never written: each N gets a scratch workdir that links its config, vocabulary
 and checkpoints. Needs bench/requirements.txt (ctranslate2).
@@ -18,6 +19,7 @@ and checkpoints. Needs bench/requirements.txt (ctranslate2).
 import pathlib
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +113,7 @@ def main(argv):
   lines = data_lib.read_lines(_INPUT.value)
   scratch = pathlib.Path(tempfile.mkdtemp(prefix='latency_io_'))
   baseline = run([sys.executable, '-c', BASELINE_JOB])
-  table = []
+  table, scratch_dirs = [], [scratch, pathlib.Path(ct2_dir)]
   for n in [int(s) for s in _SIZES.value]:
     source, ours, theirs = scratch / f'{n}.src', scratch / f'{n}.ours', scratch / f'{n}.ct2'
     source.write_text(''.join(line + '\n' for line in lines[:n]), encoding='utf-8')
@@ -124,6 +126,7 @@ def main(argv):
             ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
                                         str(source), str(theirs), str(_BEAM.value),
                                         str(decode.alpha), str(decode.max_extra_len)])]
+    scratch_dirs.append(work)
     for name, args in jobs:
       r = run(args)
       same = ''
@@ -146,6 +149,8 @@ def main(argv):
           'stored (decode.py); agreement (CTranslate2) |\n| ---: | --- | ---: | ---: | ---: | '
           '--- |\n' + '\n'.join(table) + '\n')
   print(text)
+  for directory in scratch_dirs:
+    shutil.rmtree(directory, ignore_errors=True)
   if _MARKDOWN.value:
     from bench_markdown import write_section
     write_section(pathlib.Path(_MARKDOWN.value), 'bench/latency.py', text)

@@ -216,10 +216,13 @@ class Checkpointer:
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata[name])}
     # Only this part of the tree is read (the Adam moments are twice its size): a third of
     # the time of a whole restore, most of decode.py's start for a small model.
-    restored = ocp.PyTreeCheckpointer().restore(
-        self.directory / str(step) / ITEM, args=ocp.args.PyTreeRestore(
-            abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-            partial_restore=True))
+    reader = ocp.PyTreeCheckpointer()
+    try:
+      restored = reader.restore(self.directory / str(step) / ITEM, args=ocp.args.PyTreeRestore(
+          abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+          partial_restore=True))
+    finally:
+      reader.close()
     return jax.tree_util.tree_map(np.asarray, restored[name])
 
   def has_ema(self, step: int) -> bool:

@@ -204,6 +204,8 @@ def fill_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batc
   bounds = np.asarray(boundaries)
   padded = bounds[np.searchsorted(bounds, np.asarray(lengths)[order])]
   sizes = None if row_sizes is None else np.asarray(row_sizes)
+  if sizes is not None and sizes[0] != 1:
+    raise ValueError(f'row_sizes must start at 1 (a single example always fits): {row_sizes}')
 
   def cap(length: int) -> int:  # most rows a batch padded to `length` may have
     limit = max(1, tokens_per_batch // int(length))

@@ -29,8 +29,10 @@ import logging
 import os
 import pathlib
 import pickle
+import platform
 from typing import Any, Callable, Optional, Sequence
 
+import flax
 import jax
 import jaxlib
 from jax import monitoring
@@ -59,14 +61,36 @@ def _code_hash() -> str:
   return digest.hexdigest()[:16]
 
 
+# jax options that change what a traced program computes (random bits, matmul precision, ...)
+_JAX_OPTIONS = ('jax_enable_x64', 'jax_threefry_partitionable', 'jax_default_prng_impl',
+                'jax_default_matmul_precision', 'jax_numpy_rank_promotion',
+                'jax_numpy_dtype_promotion', 'jax_debug_nans', 'jax_debug_infs',
+                'jax_disable_jit', 'jax_enable_checks')
+
+
+@functools.cache
+def _host_cpu() -> str:
+  """The host CPU's feature flags (hashed): XLA:CPU code uses the instructions it finds."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      flags = next((line for line in f if line.startswith('flags')), '')
+  except OSError:
+    flags = ''
+  return _digest(flags or platform.processor() or platform.machine())
+
+
 def identity(**settings: Any) -> dict[str, str]:
-  """What a program depends on besides its argument shapes: the software, the backend, and
-  the caller's `settings` (model and search configuration), each as a string."""
+  """What a program depends on besides its argument shapes: the software, the backend, the
+  jax options that change a traced program, and the caller's `settings` (model and search
+  configuration, token ids), each as a string."""
   device = jax.devices()[0]
-  fields = {'jax': jax.__version__, 'jaxlib': jaxlib.__version__,
+  fields = {'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'flax': flax.__version__,
             'backend': f'{device.platform} {device.client.platform_version}',
             'device': device.device_kind, 'xla_flags': os.environ.get('XLA_FLAGS', ''),
-            'x64': str(jax.config.jax_enable_x64), 'code': _code_hash()}
+            'jax_options': str({k: jax.config.values.get(k) for k in _JAX_OPTIONS}),
+            'code': _code_hash()}
+  if device.platform == 'cpu':
+    fields['host_cpu'] = _host_cpu()
   return fields | {name: str(value) for name, value in settings.items()}
 
 
@@ -84,13 +108,18 @@ class ProgramStore:
     self.directory = self.root / _digest(json.dumps(fields, sort_keys=True))
     self.loaded = self.saved = 0
     self.writable = True
-    if not self.directory.exists():
-      self._notice_stale()
+    try:
+      if not self.directory.exists():
+        self._notice_stale()
+    except OSError as e:  # an unreadable directory, or one removed while we looked
+      self.writable = False
+      logging.warning('Not using the compiled programs in %s (%s)', self.root, e)
 
   def _notice_stale(self) -> None:
     """One line when the root holds programs of other identities only, naming what differs
     from the newest of them."""
-    others = sorted(self.root.glob(f'*/{_IDENTITY}'), key=lambda p: p.stat().st_mtime)
+    others = sorted((p.stat().st_mtime, p) for p in self.root.glob(f'*/{_IDENTITY}'))
+    others = [p for _, p in others]
     if not others:
       return
     try:
@@ -140,18 +169,25 @@ class ProgramStore:
         write_atomically(self.directory / _IDENTITY, json.dumps(self.fields, indent=1))
       write_atomically(self.path(name, signature),
                        pickle.dumps((signature, payload, in_tree, out_tree)))
-    except (OSError, ValueError, NotImplementedError, pickle.PicklingError) as e:
+    except Exception as e:  # noqa: BLE001 -- unwritable disk, or a program that does not
+      # serialize (host callbacks, a backend without serialization): never stops decoding
       self.writable = False
       logging.warning('Not keeping compiled programs in %s (%s)', self.directory, e)
       return
     self.saved += 1
 
 
-def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]) -> str:
+def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]
+              ) -> Optional[str]:
   """A call's pytree structure, each leaf's shape, dtype and weak type, and the static
-  arguments' values: what decides which compiled program serves the call."""
+  arguments' values: what decides which compiled program serves the call. None when an
+  array is committed to a device other than the default one: a stored program runs on that
+  one only."""
   dynamic = [a for i, a in enumerate(args) if i not in static]
   leaves, tree = jax.tree_util.tree_flatten((dynamic, kwargs))
+  default = jax.devices()[0]
+  if any(getattr(x, 'committed', False) and x.sharding.device_set != {default} for x in leaves):
+    return None
   shapes = ';'.join(f'{getattr(x, "shape", ())}{getattr(x, "dtype", type(x).__name__)}'
                     f'{"w" if getattr(x, "weak_type", False) else ""}' for x in leaves)
   return f'{tree}|{shapes}|{[args[i] for i in static]!r}'
@@ -169,20 +205,20 @@ class StoredJit:
     self._programs: dict[str, jax.stages.Compiled] = {}
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    if self.store is None:
+    key = None if self.store is None else signature(args, kwargs, self.static)
+    if key is None:
       return self.jitted(*args, **kwargs)
-    key = signature(args, kwargs, self.static)
     dynamic = [a for i, a in enumerate(args) if i not in self.static]
     program = self._programs.get(key)
     if program is not None:
       return program(*dynamic, **kwargs)
     program = self.store.load(self.name, key)
     if program is not None:
-      try:  # the first call of a stored program proves that it runs
-        out = program(*dynamic, **kwargs)
+      try:  # the first call of a stored program, run to its end, proves that it works
+        out = jax.block_until_ready(program(*dynamic, **kwargs))
         self._programs[key] = program
         return out
-      except jax.errors.JaxRuntimeError as e:
+      except (jax.errors.JaxRuntimeError, ValueError, TypeError) as e:
         logging.warning('Stored program %s does not run (%s); compiling it again',
                         self.store.path(self.name, key), str(e).splitlines()[0][:200])
     hits = _cache_hits[0]

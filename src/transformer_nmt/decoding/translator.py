@@ -202,7 +202,8 @@ class Translator:
                   no_repeat_ngram=d.no_repeat_ngram)
     self.compact = d.compact and cache_mode == 'cached'
     self.store = None if programs is None else ProgramStore(programs, identity(
-        models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache))
+        models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache,
+        tokens=(tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)))
     if self.compact:
       self._translate = CompactingTranslate(cfg, **search, store=self.store)
     else:
