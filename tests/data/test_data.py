@@ -131,18 +131,6 @@ def test_rows_are_a_multiple_of_the_device_count():
   assert sorted(np.concatenate([p.examples for p in plans]).tolist()) == list(range(50))
 
 
-def test_trim_rows_cuts_filler_rows_to_a_power_of_two():
-  from transformer_nmt.data.batching import BatchPlan, trim_rows
-  plans = [BatchPlan(np.arange(5), 64, 16), BatchPlan(np.arange(64), 64, 16),
-           BatchPlan(np.arange(1), 64, 16), BatchPlan(np.arange(3), 4, 32)]
-  assert [p.rows for p in trim_rows(plans)] == [8, 64, 8, 4]
-  assert [p.rows for p in trim_rows(plans, minimum=1)] == [8, 64, 1, 4]
-  assert all(len(p.examples) <= p.rows for p in trim_rows(plans, minimum=1))
-  plans.append(BatchPlan(np.arange(20), 64, 16))
-  assert [p.rows for p in trim_rows(plans)][-1] == 32
-  assert [p.rows for p in trim_rows(plans, power_of_two=False)] == [8, 64, 8, 4, 24]
-
-
 def test_line_blocks_hand_out_blocks_and_name_a_bad_line():
   import io
   stream = io.BytesIO(b'one\ntwo \n\nfour\r\nfive')

@@ -222,20 +222,6 @@ def fill_batches(lengths: np.ndarray, boundaries: Sequence[int], tokens_per_batc
   return plans
 
 
-def trim_rows(plans: Sequence[BatchPlan], minimum: int = 8,
-              power_of_two: bool = True) -> list[BatchPlan]:
-  """Plans whose row count is cut to the next power of two (at least `minimum`) that holds
-  their examples, or without `power_of_two` to the next multiple of `minimum`. For decoding:
-  a bucket's last batch is then not mostly filler rows, at the price of a few more batch
-  shapes (compilations)."""
-  out = []
-  for plan in plans:
-    n = max(len(plan.examples), 1)
-    rows = max(minimum, 1 << (n - 1).bit_length()) if power_of_two else -(-n // minimum) * minimum
-    out.append(dataclasses.replace(plan, rows=min(plan.rows, rows)))
-  return out
-
-
 def pad_rows(rows: Sequence[np.ndarray], plan: BatchPlan, pad_id: int) -> tuple[np.ndarray, ...]:
   """(ids, segments, positions), each [plan.rows, plan.length], for the planned examples."""
   shape = (plan.rows, plan.length)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import ModelConfig
+from transformer_nmt.config import DECODE, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
@@ -74,12 +74,15 @@ class Scorer:
     if not src_rows:
       return []
     longest = max(max(len(s), len(t)) for s, t in zip(src_rows, tgt_rows))
+    # One grid of lengths and powers-of-two rows for every input: the shapes, and so the
+    # compiled programs (programs.py), recur from one file to the next.
+    boundaries = data_lib.bucket_boundaries(max(longest, DECODE.max_input_len))
     data = data_lib.ParallelData(list(src_rows), list(tgt_rows), np.arange(len(src_rows)),
-                                 self.pad_id, self.bos_id, data_lib.bucket_boundaries(longest),
-                                 data_lib.ReadStats())
+                                 self.pad_id, self.bos_id, boundaries, data_lib.ReadStats())
     out: list[Optional[Scored]] = [None] * len(data)
-    plans = data_lib.fill_batches(data.lengths, data.boundaries, self.tokens_per_batch)
-    for plan in data_lib.trim_rows(plans):
+    sizes = [2 ** i for i in range(max(self.tokens_per_batch, 1).bit_length())]
+    for plan in data_lib.fill_batches(data.lengths, boundaries, self.tokens_per_batch, sizes,
+                                      min_rows=8):
       batch = data_lib.collate(data, plan)
       logp, align = map(np.asarray, self._scores(params, batch))
       for row, i in enumerate(plan.examples):
