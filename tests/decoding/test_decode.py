@@ -258,3 +258,16 @@ def test_resume_after_a_kill_ends_with_the_uninterrupted_file(tiny_workdir, test
   assert result.returncode == 0, result.stderr[-2000:]
   assert f'resuming after the 6 lines in {partial}' in result.stderr
   assert out.read_text() == whole.read_text() and not partial.exists()
+
+
+def test_precompile_that_cannot_store_fails_in_one_line(tiny_workdir, tmp_path, test_lines):
+  work = tmp_path / 'run'  # the trained workdir's files, and a file where programs/ would go
+  work.mkdir()
+  for entry in tiny_workdir.iterdir():
+    if entry.name in ('config.json', 'checkpoints') or entry.name.startswith('spm'):
+      (work / entry.name).symlink_to(entry)
+  (work / 'programs').write_text('not a directory')
+  result = run_decode('--workdir', str(work), '--precompile', '--beam_size', '1',
+                      '--max_extra_len', '4', stdin=test_lines[0] + '\n')
+  _clean_failure(result, f'--precompile: the programs could not be stored in {work / "programs"}')
+  assert 'Not keeping compiled programs' in result.stderr
