@@ -288,30 +288,13 @@ def run() -> None:
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
   keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
-  if _RESUME.value:
-    with _resumable_output(_OUTPUT.value) as (out, done):
-      if done:
-        print(f'resuming after the {done} lines in {partial_path(_OUTPUT.value)}',
-              file=sys.stderr)
-      count, tokens, kept = _translate_blocks(translator, model, _skip(blocks, done), progress,
-                                              keep, out)
-  else:
-    import os
-    sink = open(os.devnull, 'w', encoding='utf-8') if _PRECOMPILE.value else None
-    with contextlib.closing(sink) if sink else _output(_OUTPUT.value) as out:
-      count, tokens, kept = _translate_blocks(translator, model, blocks, progress, keep, out,
-                                              beside.get('prefix'))
+  count, tokens, kept = _write(translator, model, blocks, progress, keep, beside.get('prefix'))
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s; '
         f'{compiles.summary()}{_stored(translator)}', file=sys.stderr)
   if _PRECOMPILE.value:
-    store = translator.store
-    if not store.writable:
-      raise DataError(f'--precompile: the programs could not be stored in {store.root} (see the '
-                      'warning above)')
-    print(f'{store.saved} programs compiled and stored in {store.directory} ({store.loaded} '
-          'were there already)', file=sys.stderr)
+    _report_precompiled(translator.store)
   if _REFERENCE.value:
     _score([h for _, h in kept], refs)
   if _PLOT.value:
@@ -319,6 +302,33 @@ def run() -> None:
     lines, hyps = [s for s, _ in kept], [h for _, h in kept]
     for path in plot_cross_attention(model, lines, hyps, _PLOT.value, _PLOT_COUNT.value):
       print(f'wrote {path}', file=sys.stderr)
+
+
+def _write(translator: Any, model: Any, blocks: Iterator[list[str]], progress: _Progress,
+           keep: Optional[int], prefixes: Optional[list[str]]
+           ) -> tuple[int, int, list[tuple[str, str]]]:
+  """The blocks translated into --output: through OUTPUT.partial with --resume, nowhere
+  with --precompile, else atomically (see `_translate_blocks` for what it returns)."""
+  if _RESUME.value:
+    with _resumable_output(_OUTPUT.value) as (out, done):
+      if done:
+        print(f'resuming after the {done} lines in {partial_path(_OUTPUT.value)}',
+              file=sys.stderr)
+      return _translate_blocks(translator, model, _skip(blocks, done), progress, keep, out)
+  import os
+  sink = open(os.devnull, 'w', encoding='utf-8') if _PRECOMPILE.value else None
+  with contextlib.closing(sink) if sink else _output(_OUTPUT.value) as out:
+    return _translate_blocks(translator, model, blocks, progress, keep, out, prefixes)
+
+
+def _report_precompiled(store: Any) -> None:
+  """--precompile's last line, or an error when nothing could be stored."""
+  from transformer_nmt.errors import DataError
+  if not store.writable:
+    raise DataError(f'--precompile: the programs could not be stored in {store.root} (see the '
+                    'warning above)')
+  print(f'{store.saved} programs compiled and stored in {store.directory} ({store.loaded} '
+        'were there already)', file=sys.stderr)
 
 
 def _stored(translator: Any) -> str:

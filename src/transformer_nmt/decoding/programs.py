@@ -101,7 +101,8 @@ def _digest(text: str) -> str:
 class ProgramStore:
   """Serialised executables in `root`/<hash of the identity>/<name>-<hash of shapes>.program.
 
-  `loaded` and `saved` count this process's programs read from and written to disk."""
+  `loaded` counts this process's programs read from disk that ran (StoredJit proves them on
+  their first call), `saved` those written to it."""
 
   def __init__(self, root: str | os.PathLike, fields: dict[str, str]):
     self.root, self.fields = pathlib.Path(root), fields
@@ -154,7 +155,6 @@ class ProgramStore:
       logging.warning('Stored program %s does not load (%s: %s); compiling it again', path,
                       type(e).__name__, str(e).splitlines()[0][:200] if str(e) else '')
       return None
-    self.loaded += 1
     return program
 
   def save(self, name: str, signature: str, program: jax.stages.Compiled) -> None:
@@ -217,6 +217,7 @@ class StoredJit:
       try:  # the first call of a stored program, run to its end, proves that it works
         out = jax.block_until_ready(program(*dynamic, **kwargs))
         self._programs[key] = program
+        self.store.loaded += 1
         return out
       except (jax.errors.JaxRuntimeError, ValueError, TypeError) as e:
         logging.warning('Stored program %s does not run (%s); compiling it again',
