@@ -35,6 +35,9 @@ _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last 
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
                                      '(default: the config\'s decode.tokens_per_batch).')
 _ATTENTION = flags.DEFINE_integer('attention_sentences', 3, 'Test sentences to plot.')
+_SWEEP = flags.DEFINE_bool('sweep', False, 'A sweep run: validation only. The test sets are '
+                           'neither scored during training nor decoded, and the row says so; '
+                           'rerun without --sweep on the chosen workdir to decode them.')
 
 
 
@@ -59,6 +62,8 @@ def run(alphas: list[float]) -> None:
   from transformer_nmt.training import loop as trainer
   from transformer_nmt.workdir import Workdir
   config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
+  if _SWEEP.value:  # choosing among runs must not look at the test sets
+    config.data.update(test_src='', test_tgt='', extra_test_src=(), extra_test_tgt=())
   valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
   steps_dir = Workdir(workdir).checkpoints
   done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None

@@ -101,12 +101,15 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert f"test: **{selection['tests']['test']['bleu']:.2f}**" in row
   assert 'nrefs:1|case:mixed' in row
 
+  # a sweep run chooses on validation and leaves the test sets alone
   second = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6',
-                      '--average_last', '0')
+                      '--average_last', '0', '--sweep')
   assert second.returncode == 0, second.stderr[-3000:]
+  assert json.loads(Workdir(workdir).selection.read_text())['tests'] == {}
   text = (tmp_path / 'docs' / 'RESULTS.md').read_text()
   assert text.count('| date |') == 1
-  assert len([line for line in text.splitlines() if line.startswith('| 2')]) == 2
+  rows = [line for line in text.splitlines() if line.startswith('| 2')]
+  assert len(rows) == 2 and '| not decoded |' in rows[1] and 'not decoded' not in rows[0]
 
 
 def test_recipe_rejects_bad_flags(tmp_path):

@@ -170,7 +170,8 @@ def results_row(*, config: str, direction: str, steps: int, train_seconds: Optio
   """One markdown table row (see RESULTS_HEADER)."""
   search = ('greedy' if selection.beam_size == 1
             else f'beam {selection.beam_size}, α {selection.alpha:g}')
-  scores = '; '.join(f'{name}: **{s.bleu:.2f}** / {s.chrf:.2f}' for name, s in tests)
+  scores = ('; '.join(f'{name}: **{s.bleu:.2f}** / {s.chrf:.2f}' for name, s in tests)
+            or 'not decoded')
   links = ' '.join(f'[{pathlib.Path(p).stem}]({p})' for p in plots)
   cells = [datetime.date.today().isoformat(), f'`{config}`', direction, str(steps),
            hours(train_seconds), machine(), f'{selection.checkpoint}, {search}',
