@@ -9,6 +9,9 @@
    detokenised) with its signature, and chrF.
 4. Writes learning curves and attention heatmaps under --plots_dir and appends a row that
    links them to --results.
+
+With --sweep (comparing candidates on validation) step 3 is left out and the test sets are not
+scored during training either; rerun without --sweep on the chosen workdir to decode them.
 """
 
 import dataclasses
