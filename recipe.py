@@ -10,8 +10,8 @@
 4. Writes learning curves and attention heatmaps under --plots_dir and appends a row that
    links them to --results.
 
-With --sweep (comparing candidates on validation) step 3 is left out and the test sets are not
-scored during training either; rerun without --sweep on the chosen workdir to decode them.
+With --sweep (comparing candidates on validation) step 3 is left out, and text test sets are
+not scored during training either; rerun without --sweep on the chosen workdir to decode them.
 """
 
 import dataclasses
@@ -39,8 +39,10 @@ _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens
                                      '(default: the config\'s decode.tokens_per_batch).')
 _ATTENTION = flags.DEFINE_integer('attention_sentences', 3, 'Test sentences to plot.')
 _SWEEP = flags.DEFINE_bool('sweep', False, 'A sweep run: validation only. The test sets are '
-                           'neither scored during training nor decoded, and the row says so; '
-                           'rerun without --sweep on the chosen workdir to decode them.')
+                           'not decoded and the row says so; with data.source=text they are not '
+                           'scored during training either (a demo or tfds corpus\'s own test '
+                           'split still is, by the final evaluation). Rerun without --sweep on '
+                           'the chosen workdir to decode them.')
 
 
 
@@ -68,6 +70,7 @@ def run(alphas: list[float]) -> None:
   if _SWEEP.value:  # choosing among runs must not look at the test sets
     config.data.update(test_src='', test_tgt='', extra_test_src=(), extra_test_tgt=())
   valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
+  tests = [] if _SWEEP.value else tests  # a demo or tfds corpus brings its own test split
   steps_dir = Workdir(workdir).checkpoints
   done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None
   if (done or 0) < config.train.num_steps:
