@@ -47,6 +47,7 @@ def _base():
     (lambda c: c.decode.update(beam_size=0), 'decode.beam_size=0 must be positive'),
     (lambda c: c.decode.update(beam_stop='never'), "decode.beam_stop='never' must be one of"),
     (lambda c: c.decode.update(max_extra_len=-1), 'decode.max_extra_len'),
+    (lambda c: c.decode.update(length_growth=1.0), 'decode.length_growth=1.0 must be above 1'),
     (lambda c: c.eval.update(max_extra_len=50), 'eval.max_extra_len is now decode.max_extra_len'),
     (lambda c: c.data.update(source='csv'), "data.source='csv' must be"),
     (lambda c: c.data.update(pack_length=8, max_len=16), 'data.pack_length=8 must be 0'),

@@ -42,8 +42,9 @@ def test_average_params_is_the_elementwise_mean():
 @pytest.mark.parametrize('beam_size', [4])  # greedy shares the batching (and costs a compile)
 def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size):
   lines = test_lines[:12]
-  def run(tokens, order):
-    decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens)
+  def run(tokens, order, growth=DecodeConfig.length_growth):
+    decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
+                          length_growth=growth)
     translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
     out = translator.translate_lines(loaded.params, [lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
@@ -51,6 +52,7 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
   reference = run(4096, forward)
   assert run(24, forward) == reference  # many small batches
   assert run(4096, forward[::-1]) == reference  # reversed input, order restored
+  assert run(4096, forward, growth=4.0) == reference  # coarser length grid: more padding
 
 
 def test_empty_lines_survive(loaded, test_lines):

@@ -85,8 +85,6 @@ class CompactingDecoder:
     self.chunk, self.min_rows = chunk, min_rows
     self.rows_per_chunk: list[int] = []  # the last call's batch size in each chunk
     self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,))
-    self._result = StoredJit(lambda s, length: self.search_of(length).result(s), 'result',
-                             store, static_argnums=(1,))
     self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
     self._resize = StoredJit(lambda s, n: s.replace(cache=s.cache.resize(n)), 'resize', store,
                              static_argnums=(1,))
@@ -97,11 +95,14 @@ class CompactingDecoder:
     return cache_stages(length, self.chunk)
 
   def _advance_impl(self, params: Any, state: Any, max_lens: jax.Array,
-                    length: int) -> tuple[Any, jax.Array]:
+                    length: int) -> tuple[Any, jax.Array, jax.Array]:
+    """`chunk` steps -> (state, [B] rows done, each row's result so far). The result comes
+    with every chunk, although the host reads it only for rows that leave the batch: a
+    program of its own would be one more compiled (or loaded) program per batch shape."""
     search, logits_fn = self.search_of(length), self.logits_fn_of(params)
     state, _ = jax.lax.scan(lambda s, _: (search.step(s, logits_fn, max_lens), None), state,
                             None, length=self.chunk)
-    return state, search.rows_done(state, max_lens)
+    return state, search.rows_done(state, max_lens), search.result(state)
 
   def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int) -> np.ndarray:
     """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids (the
@@ -121,7 +122,7 @@ class CompactingDecoder:
       if t == cache_len:
         cache_len = next(stages)
         state = self._resize(state, cache_len)
-      state, done = self._advance(params, state, max_lens, length)
+      state, done, result = self._advance(params, state, max_lens, length)
       self.rows_per_chunk.append(len(origin))
       t += self.chunk
       done = np.asarray(done) | (origin < 0)
@@ -129,7 +130,7 @@ class CompactingDecoder:
       size = compacted_size(len(live), len(origin), self.min_rows)
       finishing = not len(live) or t >= length  # the searches end every row by `length`
       if finishing or size < len(origin):
-        ids = np.asarray(self._result(state, length))
+        ids = np.asarray(result)
         for row in np.arange(len(origin)) if finishing else np.flatnonzero(done):
           if origin[row] >= 0:
             out[origin[row]] = ids[row]

@@ -192,6 +192,7 @@ class Translator:
                         '(and 1 when sampling)')
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
     self.max_input_len, self.alpha, self.n_best = d.max_input_len, d.alpha, n_best
+    self.length_growth = d.length_growth
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if d.temperature > 0 else None
@@ -230,7 +231,8 @@ class Translator:
     lengths = np.array([len(r) for r in rows])
     # One grid of padded lengths for every input (not one ending at this input's longest), so
     # that the programs compiled for one file serve the next (programs.py).
-    boundaries = data_lib.bucket_boundaries(max(self.max_input_len, int(lengths.max())))
+    boundaries = data_lib.bucket_boundaries(max(self.max_input_len, int(lengths.max())),
+                                            growth=self.length_growth, multiple=8)
     # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
     # two): few shapes, and the same ones for every file.
     sizes = batch_sizes(self.tokens_per_batch, powers_of_two=not self.compact)
