@@ -106,8 +106,10 @@ def run(alphas: list[float]) -> None:
   row = report.results_row(config=_config_arg(), direction=_direction(config.data),
                            steps=config.train.num_steps, train_seconds=wall,
                            selection=selection, tests=scored, plots=links)
-  report.append_row(results, row)
+  # The choice is written before the row, so that a failure leaves no row behind it.
+  Workdir(workdir).selection.parent.mkdir(exist_ok=True)
   write_atomically(Workdir(workdir).selection, report.selection_json(selection, scored))
+  report.append_row(results, row)
   logging.info('appended to %s: %s', results, row.strip())
 
 

@@ -78,6 +78,15 @@ def run_recipe(workdir, tmp_path, *flags):
 def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   workdir = tmp_path / 'run'
   shutil.copytree(tiny_workdir, workdir)
+  # a sweep run (first, on a workdir recipe.py never wrote to) chooses on validation and
+  # leaves the test sets alone
+  sweep = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6',
+                     '--average_last', '0', '--sweep')
+  assert sweep.returncode == 0, sweep.stderr[-3000:]
+  assert 'has reached step 20: not training' in sweep.stderr
+  assert json.loads(Workdir(workdir).selection.read_text())['tests'] == {}
+  assert not Workdir(workdir).hypotheses('test').exists()
+
   first = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6,1.0',
                      '--average_last', '2', '--attention_sentences', '2')
   assert first.returncode == 0, first.stderr[-3000:]
@@ -96,20 +105,13 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert sorted(p.name for p in plots.iterdir()) == ['attention_1.png', 'attention_2.png',
                                                      'curves.png']
   text = (tmp_path / 'docs' / 'RESULTS.md').read_text()
-  (row,) = [line for line in text.splitlines() if line.startswith('| 2')]
+  assert text.count('| date |') == 1
+  rows = [line for line in text.splitlines() if line.startswith('| 2')]
+  assert len(rows) == 2 and '| not decoded |' in rows[0] and 'not decoded' not in rows[1]
+  row = rows[1]
   assert '`configs/tiny.py`' in row and '| 20 |' in row and 'plots/run/curves.png' in row
   assert f"test: **{selection['tests']['test']['bleu']:.2f}**" in row
   assert 'nrefs:1|case:mixed' in row
-
-  # a sweep run chooses on validation and leaves the test sets alone
-  second = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6',
-                      '--average_last', '0', '--sweep')
-  assert second.returncode == 0, second.stderr[-3000:]
-  assert json.loads(Workdir(workdir).selection.read_text())['tests'] == {}
-  text = (tmp_path / 'docs' / 'RESULTS.md').read_text()
-  assert text.count('| date |') == 1
-  rows = [line for line in text.splitlines() if line.startswith('| 2')]
-  assert len(rows) == 2 and '| not decoded |' in rows[1] and 'not decoded' not in rows[0]
 
 
 def test_recipe_rejects_bad_flags(tmp_path):
