@@ -143,7 +143,14 @@ def main(argv):
       runs += [(ct2_name(t), lambda t=t: measure_ctranslate2(model, rows, beam, ct2_dir, t))
                for t in _CT2_TYPES.value]
     for name, run in runs:
-      first, seconds, outputs = run()
+      try:
+        first, seconds, outputs = run()
+      except ValueError as e:  # CTranslate2 refuses a compute type this CPU cannot run fast
+        if not name.startswith('CTranslate2'):
+          raise
+        table.append(f'| {name} | {beam} | - | - | - | - | not run: {e} |')
+        print(table[-1], flush=True)
+        continue
       tokens = sum(len(o) + 1 for o in outputs)  # generated subwords incl. EOS
       seconds_of[(name, beam)] = seconds
       note = ''
