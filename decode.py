@@ -61,6 +61,11 @@ _COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a ba
 _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
+_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision of the '
+                           'matrix products (parameters stay float32). bfloat16 beam search was '
+                           '1.28x as fast as float32 on a CPU with bfloat16 matrix units (Intel '
+                           'AMX; bench/RESULTS.md) and is slower on CPUs without them. Default: '
+                           "the run's model.dtype.")
 _PRECOMPILE = flags.DEFINE_bool('precompile', False, 'Translate --input only to compile and '
                                 'store the programs its batches need in WORKDIR/programs, '
                                 'writing no translations: run it once on text like the text to '
@@ -251,6 +256,7 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 
 
 def run() -> None:
+  from transformer_nmt.decoding import ensemble
   from transformer_nmt.decoding.translator import Translator, load_ensemble
   from transformer_nmt.errors import DataError
   from transformer_nmt.workdir import Workdir
@@ -270,17 +276,19 @@ def run() -> None:
   model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
                         _EMA.value)
   decode = _settings(model.decode)
+  cfg = ensemble.with_dtype(model.cfg, _DTYPE.value)
   search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
             if decode.temperature > 0 else
             f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
   members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
-  print(f'{members}checkpoint step(s) {model.steps}, {search}', file=sys.stderr)
+  dtype = (cfg[0] if isinstance(cfg, tuple) else cfg).dtype
+  print(f'{members}checkpoint step(s) {model.steps}, {search}, {dtype}', file=sys.stderr)
   if _N_BEST.value > decode.beam_size:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:
     raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
   programs = Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
-  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
+  translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
                           programs=programs)
   if _SCORE_REFERENCE.value:
     _score_reference(translator, model, whole, refs)

@@ -105,6 +105,11 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   plain = run_decode(*flags, '--noprograms', stdin=stdin)  # JAX's cache instead
   assert plain.returncode == 0 and plain.stdout == result.stdout, plain.stderr[-3000:]
   assert any(p.name.startswith('jit__advance') for p in cache.iterdir())
+  # another compute precision reaches the translator: its programs are kept apart
+  half = run_decode(*flags, '--dtype', 'bfloat16', stdin=stdin)
+  assert half.returncode == 0 and len(half.stdout.split('\n')) == 4, half.stderr[-3000:]
+  assert 'bfloat16' in half.stderr.splitlines()[0] and 'float32' in result.stderr
+  assert len([d for d in programs.iterdir() if d.is_dir()]) == 2
 
 
 def _clean_failure(result, message):

@@ -9,7 +9,8 @@ vocabularies (decoding/translator.py checks the tokenizers).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+import dataclasses
+from typing import Any, Callable, Optional, Sequence, Union
 
 import flax
 import jax
@@ -20,6 +21,16 @@ from transformer_nmt.decoding.search import LogitsFn
 from transformer_nmt.model.transformer import Transformer
 
 Models = Union[ModelConfig, Sequence[ModelConfig]]  # one model, or an ensemble's members
+
+
+def with_dtype(cfg: Models, dtype: Optional[str]) -> Models:
+  """The model(s) computing in `dtype` ('float32' or 'bfloat16'; None: unchanged). Only the
+  compute precision changes: the parameters stay as trained."""
+  if dtype is None:
+    return cfg
+  if isinstance(cfg, ModelConfig):
+    return dataclasses.replace(cfg, dtype=dtype)
+  return tuple(dataclasses.replace(c, dtype=dtype) for c in cfg)
 
 
 @flax.struct.dataclass
