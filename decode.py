@@ -64,7 +64,7 @@ _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for 
 _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision of the '
                            'matrix products (parameters stay float32). bfloat16 beam search was '
                            '1.28x as fast as float32 on a CPU with bfloat16 matrix units (Intel '
-                           'AMX; bench/RESULTS.md) and is slower on CPUs without them. Default: '
+                           'AMX; bench/RESULTS.md; not measured on CPUs without them). Default: '
                            "the run's model.dtype.")
 _PRECOMPILE = flags.DEFINE_bool('precompile', False, 'Translate --input only to compile and '
                                 'store the programs its batches need in WORKDIR/programs, '
