@@ -61,8 +61,9 @@ _COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a ba
 _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
-_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision of the '
-                           'matrix products (parameters stay float32). bfloat16 beam search was '
+_DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision '
+                           '(activations, products, caches; parameters are kept in float32 and '
+                           'cast); outputs differ between the two. bfloat16 beam search was '
                            '1.28x as fast as float32 on a CPU with bfloat16 matrix units (Intel '
                            'AMX; bench/RESULTS.md; not measured on CPUs without them). Default: '
                            "the run's model.dtype.")
@@ -256,6 +257,8 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
 
 
 def run() -> None:
+  import dataclasses
+
   from transformer_nmt.decoding import ensemble
   from transformer_nmt.decoding.translator import Translator, load_ensemble
   from transformer_nmt.errors import DataError
@@ -276,13 +279,15 @@ def run() -> None:
   model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
                         _EMA.value)
   decode = _settings(model.decode)
-  cfg = ensemble.with_dtype(model.cfg, _DTYPE.value)
+  model = dataclasses.replace(model, cfg=ensemble.with_dtype(model.cfg, _DTYPE.value))
+  cfg = model.cfg
   search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
             if decode.temperature > 0 else
             f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
   members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
-  dtype = (cfg[0] if isinstance(cfg, tuple) else cfg).dtype
-  print(f'{members}checkpoint step(s) {model.steps}, {search}, {dtype}', file=sys.stderr)
+  dtypes = sorted({c.dtype for c in (cfg if ensemble.is_ensemble(cfg) else [cfg])})
+  print(f'{members}checkpoint step(s) {model.steps}, {search}, {"/".join(dtypes)}',
+        file=sys.stderr)
   if _N_BEST.value > decode.beam_size:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:

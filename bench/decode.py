@@ -89,14 +89,21 @@ def ct2_name(compute_type):
   return f'CTranslate2, {compute_type}'
 
 
+class Unsupported(Exception):
+  """CTranslate2 refuses the compute type on this machine."""
+
+
 def measure_ctranslate2(model, rows, beam, directory, compute_type):
   """(warm-up seconds, timed seconds, output id rows) for CTranslate2 on the same rows."""
   import os
 
   import ctranslate2
-  translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=1,
-                                      intra_threads=os.cpu_count() or 1,
-                                      compute_type=compute_type)
+  try:
+    translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=1,
+                                        intra_threads=os.cpu_count() or 1,
+                                        compute_type=compute_type)
+  except ValueError as e:  # a compute type this CPU cannot run efficiently (bfloat16 here)
+    raise Unsupported(str(e).replace('|', '/').replace('\n', ' ')) from None
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
   options = dict(beam_size=beam, length_penalty=DECODE.alpha, max_batch_size=_BATCH_TOKENS.value,
                  batch_type='tokens', max_decoding_length=max(map(len, rows)) + _MAX_EXTRA.value)
@@ -145,9 +152,7 @@ def main(argv):
     for name, run in runs:
       try:
         first, seconds, outputs = run()
-      except ValueError as e:  # CTranslate2 refuses a compute type this CPU cannot run fast
-        if not name.startswith('CTranslate2'):
-          raise
+      except Unsupported as e:
         table.append(f'| {name} | {beam} | - | - | - | - | not run: {e} |')
         print(table[-1], flush=True)
         continue

@@ -11,6 +11,7 @@ sections.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import ml_collections
@@ -220,10 +221,11 @@ class DecodeConfig:
   alpha: float = 0.6  # length penalty exponent
   max_extra_len: int = 50  # output limit = input length + this
   tokens_per_batch: int = 4096  # padded source tokens per batch
-  # Sources are padded up to a geometric grid of lengths (8, 16, 24, 40, 64, ... rounded up to
-  # 8) with this growth: one compiled program per grid length. 1.5 rather than the training
-  # buckets' 1.25 compiled 80 programs instead of 88 for Multi30k valid and then 35 instead of
-  # 47 for test2016 (21.8 s instead of 29.9 s, identical outputs; bench/RESULTS.md).
+  # Decoding and scoring pad sentences up to a geometric grid of lengths with this growth,
+  # rounded up to multiples of 8 (1.5: 8, 16, 24, 40, 64, ...); compiled programs are per grid
+  # length, batch size and cache stage. This grid rather than the training buckets' (1.25 in
+  # multiples of 4) compiled 80 programs instead of 88 for Multi30k valid and then 35 instead
+  # of 47 for test2016 (21.8 s instead of 29.9 s, identical outputs; bench/RESULTS.md).
   length_growth: float = 1.5
   # Longest source in subword tokens (EOS included), 4x the default data.max_len: longer lines
   # are translated in pieces split at sentence ends, a longer sentence is truncated (both
@@ -249,7 +251,8 @@ class DecodeConfig:
 
   def validate(self) -> DecodeConfig:
     _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
-    _check(self.length_growth > 1, f'decode.length_growth={self.length_growth} must be above 1')
+    _check(1 < self.length_growth < math.inf,
+           f'decode.length_growth={self.length_growth} must be a number above 1')
     _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
            'least 2 (a token and EOS)')
     _check(self.max_extra_len >= 0 and self.top_k >= 0 and self.temperature >= 0,

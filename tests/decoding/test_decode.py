@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT
 
 from transformer_nmt.config import DecodeConfig
+from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import train_tokenizer
 from transformer_nmt.decoding.translator import Translator, average_params, load_workdir
 from transformer_nmt.errors import DataError
@@ -40,19 +41,28 @@ def test_average_params_is_the_elementwise_mean():
 
 
 @pytest.mark.parametrize('beam_size', [4])  # greedy shares the batching (and costs a compile)
-def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size):
-  lines = test_lines[:12]
+def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size,
+                                                    monkeypatch):
+  lines, widths = test_lines[:12], []
+  pad_rows = data_lib.pad_rows
+  def padded(*args):  # records each batch's padded source length
+    src, *rest = pad_rows(*args)
+    widths.append(src.shape[1])
+    return (src, *rest)
+  monkeypatch.setattr(data_lib, 'pad_rows', padded)
   def run(tokens, order, growth=DecodeConfig.length_growth):
     decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
                           length_growth=growth)
     translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
+    widths.clear()
     out = translator.translate_lines(loaded.params, [lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
   forward = list(range(len(lines)))
-  reference = run(4096, forward)
+  reference, fine = run(4096, forward), list(widths)
   assert run(24, forward) == reference  # many small batches
   assert run(4096, forward[::-1]) == reference  # reversed input, order restored
-  assert run(4096, forward, growth=4.0) == reference  # coarser length grid: more padding
+  assert run(4096, forward, growth=4.0) == reference  # a coarser length grid: more padding
+  assert max(widths) > max(fine) and all(w % 8 == 0 for w in widths + fine)
 
 
 def test_empty_lines_survive(loaded, test_lines):
@@ -108,7 +118,9 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   # another compute precision reaches the translator: its programs are kept apart
   half = run_decode(*flags, '--dtype', 'bfloat16', stdin=stdin)
   assert half.returncode == 0 and len(half.stdout.split('\n')) == 4, half.stderr[-3000:]
-  assert 'bfloat16' in half.stderr.splitlines()[0] and 'float32' in result.stderr
+  def header(run):
+    return next(line for line in run.stderr.splitlines() if 'checkpoint step(s)' in line)
+  assert header(half).endswith(', bfloat16') and header(result).endswith(', float32')
   assert len([d for d in programs.iterdir() if d.is_dir()]) == 2
 
 

@@ -64,8 +64,11 @@ class Scorer:
   tokens per side; one compile per bucket shape (kept across runs in `store`, if given)."""
 
   def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int,
+               max_input_len: int = DECODE.max_input_len,
+               length_growth: float = DECODE.length_growth,
                store: Optional[ProgramStore] = None):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
+    self.max_input_len, self.length_growth = max_input_len, length_growth
     self._scores = StoredJit(functools.partial(token_scores, cfg), 'score', store)
 
   def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
@@ -76,7 +79,7 @@ class Scorer:
     longest = max(max(len(s), len(t)) for s, t in zip(src_rows, tgt_rows))
     # One grid of lengths and powers-of-two rows for every input: the shapes, and so the
     # compiled programs (programs.py), recur from one file to the next.
-    boundaries = data_lib.bucket_boundaries(max(longest, DECODE.max_input_len))
+    boundaries = data_lib.length_grid(longest, self.max_input_len, self.length_growth)
     data = data_lib.ParallelData(list(src_rows), list(tgt_rows), np.arange(len(src_rows)),
                                  self.pad_id, self.bos_id, boundaries, data_lib.ReadStats())
     out: list[Optional[Scored]] = [None] * len(data)

@@ -212,7 +212,8 @@ class Translator:
                                                     grow_cache=grow_cache, **search),
                                   'translate', self.store)
     self.scorer = Scorer(cfg, bos_id=tgt_tok.bos_id, pad_id=tgt_tok.pad_id,
-                         tokens_per_batch=d.tokens_per_batch, store=self.store)
+                         tokens_per_batch=d.tokens_per_batch, max_input_len=d.max_input_len,
+                         length_growth=d.length_growth, store=self.store)
 
   def translate_ids(self, params: Any, rows: Sequence[np.ndarray],
                     progress: Optional[Callable[[int], None]] = None,
@@ -229,10 +230,7 @@ class Translator:
     if not rows:
       return out
     lengths = np.array([len(r) for r in rows])
-    # One grid of padded lengths for every input (not one ending at this input's longest), so
-    # that the programs compiled for one file serve the next (programs.py).
-    boundaries = data_lib.bucket_boundaries(max(self.max_input_len, int(lengths.max())),
-                                            growth=self.length_growth, multiple=8)
+    boundaries = data_lib.length_grid(int(lengths.max()), self.max_input_len, self.length_growth)
     # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
     # two): few shapes, and the same ones for every file.
     sizes = batch_sizes(self.tokens_per_batch, powers_of_two=not self.compact)
