@@ -256,6 +256,18 @@ def _settings(run: DecodeConfig) -> DecodeConfig:
     raise DataError(message) from None
 
 
+def _header(model: Any, decode: DecodeConfig) -> str:
+  """The stderr line saying what translates: members, checkpoints, search, precision."""
+  from transformer_nmt.decoding import ensemble
+  search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
+            if decode.temperature > 0 else
+            f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
+  members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
+  cfgs = model.cfg if ensemble.is_ensemble(model.cfg) else [model.cfg]
+  dtypes = '/'.join(sorted({c.dtype for c in cfgs}))
+  return f'{members}checkpoint step(s) {model.steps}, {search}, {dtypes}'
+
+
 def run() -> None:
   import dataclasses
 
@@ -280,20 +292,13 @@ def run() -> None:
                         _EMA.value)
   decode = _settings(model.decode)
   model = dataclasses.replace(model, cfg=ensemble.with_dtype(model.cfg, _DTYPE.value))
-  cfg = model.cfg
-  search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
-            if decode.temperature > 0 else
-            f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
-  members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
-  dtypes = sorted({c.dtype for c in (cfg if ensemble.is_ensemble(cfg) else [cfg])})
-  print(f'{members}checkpoint step(s) {model.steps}, {search}, {"/".join(dtypes)}',
-        file=sys.stderr)
+  print(_header(model, decode), file=sys.stderr)
   if _N_BEST.value > decode.beam_size:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:
     raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
   programs = Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
-  translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
+  translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
                           programs=programs)
   if _SCORE_REFERENCE.value:
     _score_reference(translator, model, whole, refs)
