@@ -35,6 +35,8 @@ _SIZES = flags.DEFINE_list('sizes', ['1', '10', '100', '1000'], 'Numbers of firs
 _BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'Beam size for both.')
 _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], "decode.py's --dtype "
                            "(default: the run's model.dtype); CTranslate2 runs in float32.")
+_CHUNK = flags.DEFINE_integer('chunk', None, "decode.py's --chunk (default: the run's "
+                              'decode.chunk, which its config.json keeps).')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/latency.py section.')
 
@@ -123,6 +125,7 @@ def main(argv):
     decode_cmd = [sys.executable, 'decode.py', '--workdir', str(work), '--input', str(source),
                   '--output', str(ours), '--beam_size', str(_BEAM.value)]
     decode_cmd += ['--dtype', _DTYPE.value] if _DTYPE.value else []
+    decode_cmd += ['--chunk', str(_CHUNK.value)] if _CHUNK.value else []
     jobs = [('decode.py, cold workdir', decode_cmd), ('decode.py, stored programs', decode_cmd),
             ('decode.py --noprograms, first', decode_cmd + ['--noprograms']),
             ('decode.py --noprograms, warm compile cache', decode_cmd + ['--noprograms']),
@@ -146,7 +149,8 @@ def main(argv):
           f"{shlex.join(sys.argv[1:])}`\n\nModel {model.cfg.num_layers}+{model.cfg.num_layers} "
           f'layers, d_model {model.cfg.d_model}, checkpoint steps {model.steps}; beam '
           f'{_BEAM.value}, alpha {decode.alpha}, length limit input + {decode.max_extra_len}; '
-          f'decode.py computes in {_DTYPE.value or model.cfg.dtype}. '
+          f'decode.py computes in {_DTYPE.value or model.cfg.dtype}, chunks of '
+          f'{_CHUNK.value or decode.chunk} steps. '
           f'Whole processes; the JAX runtime alone (import jax, one array): {baseline["wall"]:.2f}'
           f' s wall, {baseline["gb"]:.2f} GB.\n\n'
           '| lines | job | wall s | CPU s | peak GB | programs compiled / from compile cache / '
