@@ -85,7 +85,8 @@ def run(alphas: list[float]) -> None:
   given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
   decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
   selection, translator = report.select(workdir, *valid, decode=decode, alphas=alphas,
-                                        average_last=_AVERAGE.value, log=logging.info)
+                                        average_last=_AVERAGE.value, log=logging.info,
+                                        programs=Workdir(workdir).programs)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
     s = report.score(translator, model, sources, refs)

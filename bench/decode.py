@@ -1,12 +1,12 @@
-"""Decoding speed, side by side in one run: greedy and beam 4; finished sentences dropped
-every 4 steps ('cached', the default; every 8 for comparison) against each batch run to its
-end in one jitted loop ('one loop ...'; the variants without the cache also run that way),
-float32 against bfloat16, the paper's beam stopping rule against CTranslate2's (k_finished),
-a beam that keeps its 4 best hypotheses (decode.py --n_best 4) against one that keeps one, a
-cache that grows in stages against one of the full length limit, chunked early stopping
-against a full-length scan, with and without the KV cache and cross-attention K/V reuse, and
-the same weights exported to CTranslate2 in float32 and int8 (--ctranslate2; pip install -r
-bench/requirements.txt).
+"""Decoding speed, side by side in one run: greedy and beam 4; finished sentences dropped every
+decode.chunk steps ('cached', the default; every 8 for comparison) against each batch run to
+its end in one jitted loop ('one loop ...'; the variants without the cache also run that
+way), float32 against bfloat16, the paper's beam stopping rule against CTranslate2's
+(k_finished), a beam that keeps its 4 best hypotheses (decode.py --n_best 4) against one
+that keeps one, a cache that grows in stages against one of the full length limit, chunked
+early stopping against a full-length scan, with and without the KV cache and cross-attention
+K/V reuse, and the same weights exported to CTranslate2 in float32 and int8 (--ctranslate2;
+pip install -r bench/requirements.txt).
 
   python bench/decode.py --workdir runs/small --input ../shared/data/multi30k/test2016.en
 

@@ -6,6 +6,8 @@ For the first N lines of the input (N in --sizes), each job is a fresh Python pr
 from its start to its exit (wall, user + system CPU, peak resident memory):
 - decode.py on a cold workdir: no stored programs, no compile cache (everything compiled);
 - decode.py warm: again, calling the programs the cold run stored in WORKDIR/programs;
+- with --precompiled_from FILE (e.g. the validation set): decode.py on a workdir holding only
+  the programs `decode.py --precompile --input FILE` stored, as recipe.py leaves a workdir;
 - decode.py --noprograms, warm JAX compile cache (how decode.py worked before the store):
   every program traced again and looked up in the cache;
 - CTranslate2: a process that imports ctranslate2 and sentencepiece, loads the exported model,
@@ -37,6 +39,9 @@ _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], "decode.py's 
                            "(default: the run's model.dtype); CTranslate2 runs in float32.")
 _CHUNK = flags.DEFINE_integer('chunk', None, "decode.py's --chunk (default: the run's "
                               'decode.chunk, which its config.json keeps).')
+_PRECOMPILED = flags.DEFINE_string(
+    'precompiled_from', None, 'Also time decode.py on a workdir whose programs `decode.py '
+    '--precompile --input FILE` stored: what recipe.py leaves from the validation set.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/latency.py section.')
 
@@ -95,6 +100,14 @@ def scratch_workdir(workdir: pathlib.Path) -> pathlib.Path:
   return scratch
 
 
+def _decode_args(work: pathlib.Path, source: pathlib.Path) -> list[str]:
+  """decode.py on `work` translating `source` with the benchmark's settings."""
+  args = [sys.executable, 'decode.py', '--workdir', str(work), '--input', str(source),
+          '--beam_size', str(_BEAM.value)]
+  args += ['--dtype', _DTYPE.value] if _DTYPE.value else []
+  return args + (['--chunk', str(_CHUNK.value)] if _CHUNK.value else [])
+
+
 def programs(stderr: str) -> str:
   """'compiled / from the compile cache / stored' counts from decode.py's speed line."""
   m = re.search(r'(\d+) programs compiled, (\d+) loaded from the compile cache'
@@ -118,20 +131,27 @@ def main(argv):
   scratch = pathlib.Path(tempfile.mkdtemp(prefix='latency_io_'))
   baseline = run([sys.executable, '-c', BASELINE_JOB])
   table, scratch_dirs = [], [scratch, pathlib.Path(ct2_dir)]
+  seed = None
+  if _PRECOMPILED.value:
+    seed = scratch_workdir(workdir)
+    run(_decode_args(seed, pathlib.Path(_PRECOMPILED.value)) + ['--precompile'])
+    scratch_dirs.append(seed)
   for n in [int(s) for s in _SIZES.value]:
     source, ours, theirs = scratch / f'{n}.src', scratch / f'{n}.ours', scratch / f'{n}.ct2'
     source.write_text(''.join(line + '\n' for line in lines[:n]), encoding='utf-8')
     work = scratch_workdir(workdir)
-    decode_cmd = [sys.executable, 'decode.py', '--workdir', str(work), '--input', str(source),
-                  '--output', str(ours), '--beam_size', str(_BEAM.value)]
-    decode_cmd += ['--dtype', _DTYPE.value] if _DTYPE.value else []
-    decode_cmd += ['--chunk', str(_CHUNK.value)] if _CHUNK.value else []
+    decode_cmd = _decode_args(work, source) + ['--output', str(ours)]
     jobs = [('decode.py, cold workdir', decode_cmd), ('decode.py, stored programs', decode_cmd),
             ('decode.py --noprograms, first', decode_cmd + ['--noprograms']),
             ('decode.py --noprograms, warm compile cache', decode_cmd + ['--noprograms']),
             ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
                                         str(source), str(theirs), str(_BEAM.value),
                                         str(decode.alpha), str(decode.max_extra_len)])]
+    if seed:  # a copy of the precompiled programs, which the timed run adds to
+      shutil.copytree(seed / 'programs', (after := scratch_workdir(workdir)) / 'programs')
+      jobs.insert(2, (f'decode.py, programs stored from {pathlib.Path(_PRECOMPILED.value).name}',
+                      _decode_args(after, source) + ['--output', str(ours)]))
+      scratch_dirs.append(after)
     scratch_dirs.append(work)
     for name, args in jobs:
       r = run(args)

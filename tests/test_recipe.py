@@ -2,6 +2,7 @@
 checkpoint kept by validation BLEU, and the learning-curve plot."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,14 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert '`configs/tiny.py`' in row and '| 20 |' in row and 'plots/run/curves.png' in row
   assert f"test: **{selection['tests']['test']['bleu']:.2f}**" in row
   assert 'nrefs:1|case:mixed' in row
+  # decode.py with the settings recipe.py searched with calls the programs its alpha-0.6 beam
+  # search stored while translating the validation set
+  decoded = subprocess.run(
+      [sys.executable, 'decode.py', '--workdir', str(workdir), '--beam_size', '2',
+       '--input', str(workdir / 'demo_data' / 'valid.en'), '--output', str(tmp_path / 'v.de')],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  assert int(re.search(r'(\d+) stored programs loaded', decoded.stderr)[1]) > 0
 
 
 def test_recipe_rejects_bad_flags(tmp_path):

@@ -82,10 +82,13 @@ def checkpoint_candidates(workdir: str | os.PathLike,
 
 def select(workdir: str | os.PathLike, sources: Sequence[str], references: Sequence[str], *,
            decode: DecodeConfig, alphas: Sequence[float], average_last: int,
-           log: Log) -> tuple[Selection, Translator]:
+           log: Log, programs: Optional[str | os.PathLike] = None
+           ) -> tuple[Selection, Translator]:
   """Chooses on validation data only: first the checkpoint (greedy BLEU, which is cheap), then
   the length penalty alpha for beam search of `decode.beam_size` on that checkpoint (greedy if
-  no alpha beats it). `decode` gives the other search settings.
+  no alpha beats it). `decode` gives the other search settings. With `programs` (the workdir's
+  Workdir.programs) the beam search with `decode`'s own alpha keeps its compiled programs
+  there: they are the ones decode.py calls by default, so its first run need not compile them.
 
   Returns the selection and a translator with the chosen search settings.
   """
@@ -107,7 +110,8 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   chosen = (greedy_bleu, 1, 0.0, greedy)
   for alpha in alphas:
     beam = Translator(model.cfg, model.src_tok, model.tgt_tok,
-                      dataclasses.replace(decode, alpha=alpha, temperature=0.0))
+                      dataclasses.replace(decode, alpha=alpha, temperature=0.0),
+                      programs=programs if alpha == decode.alpha else None)
     bleu = score(beam, model, sources, references).bleu
     log(f'validation: {label}, beam {beam_size} alpha {alpha}: BLEU {bleu:.2f}')
     table.append((label, f'beam {beam_size}, alpha {alpha}', bleu))
