@@ -88,7 +88,8 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   the length penalty alpha for beam search of `decode.beam_size` on that checkpoint (greedy if
   no alpha beats it). `decode` gives the other search settings. With `programs` (the workdir's
   Workdir.programs) the beam search with `decode`'s own alpha keeps its compiled programs
-  there: they are the ones decode.py calls by default, so its first run need not compile them.
+  there: when `decode` is the workdir's own section, they are the ones decode.py calls by
+  default, so that its first run need not compile them.
 
   Returns the selection and a translator with the chosen search settings.
   """
