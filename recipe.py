@@ -84,9 +84,12 @@ def run(alphas: list[float]) -> None:
   decode = validate_config(config).decode
   given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
   decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
+  # decode.py searches with the workdir's own section: programs of other settings (flags
+  # here, defaults changed since training) would only take disk space
+  own = decode == Workdir(workdir).read_sections().decode
   selection, translator = report.select(workdir, *valid, decode=decode, alphas=alphas,
                                         average_last=_AVERAGE.value, log=logging.info,
-                                        programs=Workdir(workdir).programs)
+                                        programs=Workdir(workdir).programs if own else None)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
     s = report.score(translator, model, sources, refs)

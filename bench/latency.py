@@ -134,7 +134,7 @@ def main(argv):
   seed = None
   if _PRECOMPILED.value:
     seed = scratch_workdir(workdir)
-    run(_decode_args(seed, pathlib.Path(_PRECOMPILED.value)) + ['--precompile'])
+    run(_decode_args(seed, pathlib.Path(_PRECOMPILED.value).resolve()) + ['--precompile'])
     scratch_dirs.append(seed)
   for n in [int(s) for s in _SIZES.value]:
     source, ours, theirs = scratch / f'{n}.src', scratch / f'{n}.ours', scratch / f'{n}.ct2'
@@ -147,15 +147,20 @@ def main(argv):
             ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
                                         str(source), str(theirs), str(_BEAM.value),
                                         str(decode.alpha), str(decode.max_extra_len)])]
-    if seed:  # a copy of the precompiled programs, which the timed run adds to
+    if seed is not None:  # a copy of the precompiled programs, which the timed run adds to
       shutil.copytree(seed / 'programs', (after := scratch_workdir(workdir)) / 'programs')
       jobs.insert(2, (f'decode.py, programs stored from {pathlib.Path(_PRECOMPILED.value).name}',
                       _decode_args(after, source) + ['--output', str(ours)]))
       scratch_dirs.append(after)
     scratch_dirs.append(work)
+    cold = None
     for name, args in jobs:
       r = run(args)
       same = ''
+      if name.startswith('decode.py'):  # every way of running decode.py translates alike
+        cold = cold or ours.read_text()
+        if ours.read_text() != cold:
+          raise RuntimeError(f'{n} lines, {name}: the output differs from the cold run')
       if name.startswith('CTranslate2'):
         a, b = ours.read_text().splitlines(), theirs.read_text().splitlines()
         same = f'{sum(x == y for x, y in zip(a, b))}/{n} lines as ours'

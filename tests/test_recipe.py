@@ -79,11 +79,14 @@ def run_recipe(workdir, tmp_path, *flags):
 def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   workdir = tmp_path / 'run'
   shutil.copytree(tiny_workdir, workdir)
+  shutil.rmtree(workdir / 'programs', ignore_errors=True)  # other tests' decode.py runs
   # a sweep run (first, on a workdir recipe.py never wrote to) chooses on validation and
-  # leaves the test sets alone
-  sweep = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6',
-                     '--average_last', '0', '--sweep')
+  # leaves the test sets alone; searching with the workdir's own settings, it keeps the
+  # programs of its beam search for decode.py
+  sweep = run_recipe(workdir, tmp_path, '--alphas', '0.6', '--average_last', '0', '--sweep')
   assert sweep.returncode == 0, sweep.stderr[-3000:]
+  kept = sorted((workdir / 'programs').iterdir())
+  assert len(kept) == 1 and list(kept[0].glob('*.program'))
   assert 'has reached step 20: not training' in sweep.stderr
   assert json.loads(Workdir(workdir).selection.read_text())['tests'] == {}
   assert not Workdir(workdir).hypotheses('test').exists()
@@ -113,14 +116,16 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert '`configs/tiny.py`' in row and '| 20 |' in row and 'plots/run/curves.png' in row
   assert f"test: **{selection['tests']['test']['bleu']:.2f}**" in row
   assert 'nrefs:1|case:mixed' in row
-  # decode.py with the settings recipe.py searched with calls the programs its alpha-0.6 beam
-  # search stored while translating the validation set
+  # a beam size other than the workdir's kept no programs (decode.py would not call them);
+  # decode.py with the workdir's settings calls those the sweep run kept for the validation set
+  assert sorted((workdir / 'programs').iterdir()) == kept
   decoded = subprocess.run(
-      [sys.executable, 'decode.py', '--workdir', str(workdir), '--beam_size', '2',
+      [sys.executable, 'decode.py', '--workdir', str(workdir),
        '--input', str(workdir / 'demo_data' / 'valid.en'), '--output', str(tmp_path / 'v.de')],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert decoded.returncode == 0, decoded.stderr[-3000:]
-  assert int(re.search(r'(\d+) stored programs loaded', decoded.stderr)[1]) > 0
+  loaded = re.search(r'(\d+) stored programs loaded', decoded.stderr)
+  assert loaded and int(loaded[1]) > 0, decoded.stderr[-3000:]
 
 
 def test_recipe_rejects_bad_flags(tmp_path):

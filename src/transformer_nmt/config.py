@@ -233,7 +233,7 @@ class DecodeConfig:
   max_input_len: int = 1024
   # Steps between checks for finished sentences (and, with `compact`, between compactions).
   # On test2016 (bench/RESULTS.md) 6 decodes as fast as 4 and compiles fewer programs (57
-  # against 68 for 1000 lines: a first run 9-23% shorter); 8 compiles fewer still but
+  # against 68 for 1000 lines: a first run 8-23% shorter); 8 compiles fewer still but
   # decodes 10% slower.
   chunk: int = 6
   compact: bool = True  # drop finished sentences from a batch every `chunk` steps
