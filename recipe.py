@@ -61,7 +61,6 @@ def run(alphas: list[float]) -> None:
   from transformer_nmt import plots
   from transformer_nmt import results as report
   from transformer_nmt.checkpoint import Checkpointer
-  from transformer_nmt.config import validate_config
   from transformer_nmt.files import write_atomically
   from transformer_nmt.metrics import read_metrics
   from transformer_nmt.training import loop as trainer
@@ -81,15 +80,7 @@ def run(alphas: list[float]) -> None:
   wall = max((r['wall_s'] for r in rows if 'wall_s' in r), default=None)
 
   t0 = time.time()
-  decode = validate_config(config).decode
-  given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
-  decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
-  # decode.py searches with the workdir's own section: programs of other settings (flags
-  # here, defaults changed since training) would only take disk space
-  own = decode == Workdir(workdir).read_sections().decode
-  selection, translator = report.select(workdir, *valid, decode=decode, alphas=alphas,
-                                        average_last=_AVERAGE.value, log=logging.info,
-                                        programs=Workdir(workdir).programs if own else None)
+  selection, translator = _select(config, workdir, valid, alphas)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
     s = report.score(translator, model, sources, refs)
@@ -115,6 +106,22 @@ def run(alphas: list[float]) -> None:
   write_atomically(Workdir(workdir).selection, report.selection_json(selection, scored))
   report.append_row(results, row)
   logging.info('appended to %s: %s', results, row.strip())
+
+
+def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) -> tuple:
+  """results.select with the config's search settings and this command's flags."""
+  from transformer_nmt import results as report
+  from transformer_nmt.config import validate_config
+  from transformer_nmt.workdir import Workdir
+  decode = validate_config(config).decode
+  given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
+  decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
+  # decode.py searches with the workdir's own section: programs of other settings (flags
+  # here, defaults changed since training) would only take disk space
+  own = decode == Workdir(workdir).read_sections().decode
+  return report.select(workdir, *valid, decode=decode, alphas=alphas,
+                       average_last=_AVERAGE.value, log=logging.info,
+                       programs=Workdir(workdir).programs if own else None)
 
 
 def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
