@@ -147,6 +147,9 @@ class TrainConfig:
   num_steps: int = 100_000  # paper base: 100k steps
   warmup_steps: int = 4000  # eq. 3
   learning_rate_multiplier: float = 1.0  # scales eq. 3 (tensor2tensor's learning_rate)
+  # Eq. 3 times a linear decay to 0 over the last N of num_steps (0 = off, the paper): a
+  # short run ends annealed rather than at a rate still near its peak.
+  cooldown_steps: int = 0
   adam_b1: float = 0.9  # §5.3
   adam_b2: float = 0.98
   adam_eps: float = 1e-9
@@ -186,6 +189,9 @@ class TrainConfig:
            ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
     _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
            'devices) or positive')
+    _check(0 <= self.cooldown_steps <= self.num_steps,
+           f'train.cooldown_steps={self.cooldown_steps} must be 0 (off) or at most '
+           f'train.num_steps={self.num_steps}')
     _check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
     _check(0.0 <= self.ema_decay < 1.0, f'train.ema_decay={self.ema_decay} must be in [0, 1) '
            '(0 = off)')

@@ -29,7 +29,8 @@ def test_history_replays_the_logged_evaluations_up_to_the_checkpoint():
   assert EarlyStopping.from_history(1, rows, up_to_step=4).stopped
 
 
-@pytest.mark.parametrize('option,value', [('patience', -1), ('profile_steps', (0, 2)),
+@pytest.mark.parametrize('option,value', [('patience', -1), ('cooldown_steps', -1),
+                                          ('cooldown_steps', 11), ('profile_steps', (0, 2)),
                                           ('profile_steps', (3,)), ('profile_steps', (9, 5))])
 def test_bad_values_are_refused(option, value):
   config = default_config()

@@ -43,6 +43,18 @@ def test_schedule_values_at_step_1_warmup_and_4x_warmup():
   assert float(rsqrt_warmup(d, warmup, multiplier=2.0)(10)) == pytest.approx(2 * float(lr(10)))
 
 
+def test_cooldown_decays_linearly_to_zero_over_the_last_steps():
+  d, warmup, steps, cooldown = 256, 10, 100, 40
+  plain, cooled = rsqrt_warmup(d, warmup), rsqrt_warmup(d, warmup, num_steps=steps,
+                                                        cooldown_steps=cooldown)
+  for count in (0, warmup - 1, steps - cooldown - 1, steps - cooldown):
+    assert float(cooled(count)) == pytest.approx(float(plain(count)), rel=1e-6)
+  # Update `count` uses paper step count + 1; the factor is (steps - count) / cooldown.
+  assert float(cooled(steps - 20)) == pytest.approx(float(plain(steps - 20)) * 20 / 40, rel=1e-6)
+  assert float(cooled(steps - 1)) == pytest.approx(float(plain(steps - 1)) / 40, rel=1e-6)
+  assert float(cooled(steps)) == 0.0
+
+
 def test_correct_counts_argmax_hits_on_real_tokens():
   rng = np.random.default_rng(2)
   logits = rng.normal(size=(2, 4, 7)).astype(np.float32)
