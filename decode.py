@@ -78,7 +78,9 @@ _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'With --noprograms: ke
 _PROGRAMS = flags.DEFINE_bool('programs', True, 'Keep the compiled decoding programs in '
                               'WORKDIR/programs, so a later run with the same settings calls '
                               'the ones it needs without tracing or compiling them (programs '
-                              'of another jax, backend, code or settings are left alone).')
+                              'of another jax, backend, code or settings are left alone), and '
+                              'the restored parameters in WORKDIR/programs/params, which a '
+                              'later run of the same checkpoints reads without Orbax.')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch.' +
                                      _RUN.format('tokens_per_batch', DECODE.tokens_per_batch))
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', None, 'Output limit = input length + this.' +
@@ -289,7 +291,7 @@ def run() -> None:
   if _COMPILE_CACHE.value and not _PROGRAMS.value:  # before loading, which compiles too
     use_compile_cache(str(Workdir(_WORKDIR.value[0]).compile_cache))
   model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
-                        _EMA.value)
+                        _EMA.value, snapshot=_PROGRAMS.value)
   decode = _settings(model.decode)
   model = dataclasses.replace(model, cfg=ensemble.with_dtype(model.cfg, _DTYPE.value))
   print(_header(model, decode), file=sys.stderr)

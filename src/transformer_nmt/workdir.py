@@ -11,7 +11,8 @@
   WORKDIR/metrics.jsonl      one JSON object per logged step
   WORKDIR/tensorboard/       TensorBoard event files
   WORKDIR/compile_cache/     JAX's persistent compilation cache
-  WORKDIR/programs/          decode.py's compiled programs (decoding/programs.py)
+  WORKDIR/programs/          decode.py's compiled programs (decoding/programs.py), and in
+                             programs/params/ snapshots of restored parameters (snapshots.py)
   WORKDIR/demo_data/         the generated demo corpus (data.source='demo')
   WORKDIR/recipe/            recipe.py's test-set translations (<test set>.hyp) and its
                              choice on validation (selection.json)
@@ -34,6 +35,7 @@ from transformer_nmt.files import write_atomically
 
 RESOLVED_MODEL = 'resolved_model'  # config.json's entry for the ModelConfig as trained
 TOKENIZERS = 'tokenizers'  # ... and for the fingerprints of the tokenizers it was trained with
+CHECKSUMS = 'checksums.json'  # in each checkpoint step directory, once its save has finished
 
 
 class Workdir:

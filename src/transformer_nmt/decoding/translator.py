@@ -7,15 +7,15 @@ import functools
 import logging
 import pathlib
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
 
-from transformer_nmt.checkpoint import Checkpointer, describe
 from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.decoding import snapshots
 from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.ensemble import Models
@@ -24,6 +24,9 @@ from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.workdir import Workdir
+
+if TYPE_CHECKING:  # Orbax's import is left to the runs that restore a checkpoint
+  from transformer_nmt.checkpoint import Checkpointer
 
 
 @dataclasses.dataclass
@@ -40,10 +43,13 @@ class LoadedModel:
 
 
 def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
-                 average_last: int = 0, best: bool = False, ema: bool = True) -> LoadedModel:
+                 average_last: int = 0, best: bool = False, ema: bool = True,
+                 snapshot: bool = False) -> LoadedModel:
   """Restores parameters from one checkpoint (latest by default) or the mean of the last N;
   with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead. A run
   trained with train.ema_decay gives its moving average of the weights unless `ema` is False.
+  With `snapshot`, the restored parameters are also kept in WORKDIR/programs/params, where a
+  later call for the same checkpoints reads them without Orbax (snapshots.py).
 
   The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
   """
@@ -60,6 +66,25 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   if best and not directory.exists():
     raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
                     'evaluation has run yet)')
+  where = wd.programs if snapshot else None
+  steps, params = _restore(directory, where, workdir, checkpoint, average_last, best, ema)
+  _check_vocab(params, cfg, tgt_tok)
+  return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
+
+
+def _restore(directory: pathlib.Path, snapshot_root: Optional[pathlib.Path],
+             workdir: str | pathlib.Path, checkpoint: Optional[int], average_last: int,
+             best: bool, ema: bool) -> tuple[list[int], Any]:
+  """(steps, params) from the checkpoints in `directory` (see `load_workdir`), through a
+  snapshot under `snapshot_root` when one is given."""
+  path = None
+  if snapshot_root is not None:
+    steps = _choose_steps(snapshots.step_numbers(directory), workdir, checkpoint, average_last)
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    params = None if path is None else snapshots.load(path)
+    if params is not None:
+      return steps, params
+  from transformer_nmt.checkpoint import Checkpointer  # Orbax, only to restore
   ckpt = Checkpointer(directory, read_only=True)
   try:
     steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
@@ -69,17 +94,21 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
       params = average_params([_read_params(ckpt, step, ema) for step in steps])
   finally:
     ckpt.close()
-  _check_vocab(params, cfg, tgt_tok)
-  return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
+  if snapshot_root is not None:  # steps may differ from the snapshot's: an unreadable latest
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    if path is not None:
+      snapshots.save(path, params)
+  return steps, params
 
 
 def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[int] = None,
-                  average_last: int = 0, best: bool = False, ema: bool = True) -> LoadedModel:
+                  average_last: int = 0, best: bool = False, ema: bool = True,
+                  snapshot: bool = False) -> LoadedModel:
   """One workdir's model (`load_workdir`), or several as an ensemble: configs and parameters
   as tuples (decoding/ensemble.py), the first workdir's tokenizers, config and decode
   settings. Members must use the same SentencePiece models, else a DataError names the first
   that differs."""
-  models = [load_workdir(w, checkpoint, average_last, best, ema) for w in workdirs]
+  models = [load_workdir(w, checkpoint, average_last, best, ema, snapshot) for w in workdirs]
   if len(models) == 1:
     return models[0]
   first = models[0]
@@ -95,6 +124,7 @@ def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[i
 
 
 def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:
+  from transformer_nmt.checkpoint import describe
   try:
     return ckpt.restore_params(step, ema)
   except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
@@ -105,6 +135,7 @@ def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:
 def _latest_readable(ckpt: Checkpointer, ema: bool = True) -> tuple[list[int], Any]:
   """([step], params) of the newest checkpoint that reads back, warning about newer ones
   that do not (train.py moves those aside when it next runs)."""
+  from transformer_nmt.checkpoint import describe
   errors = []
   for step in reversed(ckpt.all_steps()):
     try:

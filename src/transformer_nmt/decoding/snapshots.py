@@ -1,0 +1,94 @@
+"""Decode-ready parameter snapshots: what a workdir's checkpoints restore to, as one .npz.
+
+For a small model most of decode.py's start went to its checkpoint: importing Orbax, hashing
+the step's files against its checksums.json (Adam moments included), and reading the weights
+through TensorStore (bench/RESULTS.md, time to translation). A snapshot holds the restored
+parameters (the moving average or the raw ones; the mean when several steps are averaged) as
+plain arrays in WORKDIR/programs/params/, named after the checksums of the checkpoints they
+come from. A retrained, replaced or altered checkpoint has other checksums, so its old
+snapshot is never found; a checkpoint without checksums (a save not yet sealed) gets none.
+Each zip member's CRC is checked as it is read, so a damaged snapshot does not load: it is
+then ignored with a warning and the checkpoint restored as usual. Like the stored programs, a
+snapshot never stops a translation: one that cannot be written is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pathlib
+import zipfile
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from transformer_nmt.files import write_atomically
+from transformer_nmt.workdir import CHECKSUMS
+
+
+def step_numbers(directory: pathlib.Path) -> list[int]:
+  """The checkpoint steps in `directory`: its subdirectories named by an integer (Orbax
+  writes a save under another name and renames it when complete)."""
+  try:
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+  except OSError:
+    return []
+
+
+def snapshot_path(root: pathlib.Path, directory: pathlib.Path, steps: Sequence[int],
+                  ema: bool) -> Optional[pathlib.Path]:
+  """Where the snapshot of `steps` of checkpoint `directory` (their mean; `ema` as for
+  Checkpointer.restore_params) lives under `root`, or None when a step has no checksums."""
+  digest = hashlib.sha256(json.dumps({'ema': ema}).encode())
+  for step in steps:
+    try:
+      digest.update(f'{step}\0'.encode() + (directory / str(step) / CHECKSUMS).read_bytes())
+    except OSError:
+      return None
+  return root / 'params' / f'{digest.hexdigest()[:24]}.npz'
+
+
+def load(path: pathlib.Path) -> Optional[Any]:
+  """The parameter tree stored at `path` (nested dicts of arrays), or None when there is none
+  or it does not read back whole (with a warning)."""
+  if not path.exists():
+    return None
+  try:
+    with np.load(path, allow_pickle=False) as stored:
+      flat = {name: stored[name] for name in stored.files}
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    logging.warning('Parameter snapshot %s does not load (%s); restoring the checkpoint', path,
+                    str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+    return None
+  tree: dict[str, Any] = {}
+  for name, array in flat.items():
+    *parents, leaf = name.split('/')
+    node = tree
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = array
+  return tree
+
+
+def save(path: pathlib.Path, params: Any) -> None:
+  """Writes `params` (nested dicts of arrays) to `path` atomically; warns instead of failing."""
+  flat: dict[str, np.ndarray] = {}
+
+  def walk(node: Any, prefix: str) -> None:
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f'{prefix}{key}/')
+      else:
+        flat[f'{prefix}{key}'] = np.asarray(value)
+
+  try:
+    walk(params, '')
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    os.makedirs(path.parent, exist_ok=True)
+    write_atomically(path, buffer.getvalue())
+  except (OSError, ValueError, TypeError, AttributeError) as e:
+    logging.warning('Not keeping a parameter snapshot in %s (%s)', path.parent, e)
