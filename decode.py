@@ -110,6 +110,9 @@ DEFAULT_BUFFER = 2000  # lines per block of a file or pipe: memory stays bounded
 _BUFFER = flags.DEFINE_integer('buffer_lines', 0, 'Lines read, translated and written per block '
                                f'(0: 1 when stdin is a terminal, so that a typed line is '
                                f'translated at once, else {DEFAULT_BUFFER}).')
+_CONCURRENT = flags.DEFINE_integer('concurrent_batches', 0, 'Batches decoded at once, each by a '
+                                   'thread (0: 2 on a CPU, 1 on an accelerator); the outputs '
+                                   'are the same for any value.')
 _FORMAT = flags.DEFINE_enum('format', 'text', ['text', 'jsonl'], 'text: one translation per '
                             'line; jsonl: one JSON object per line with hypotheses and scores.')
 _N_BEST = flags.DEFINE_integer('n_best', 1, 'Hypotheses per line, best first (at most the beam '
@@ -285,6 +288,8 @@ def run() -> None:
   refs = beside.get('reference', beside.get('score_reference'))
   if _BUFFER.value < 0:
     raise DataError(f'--buffer_lines={_BUFFER.value} must be 0 (automatic) or positive')
+  if _CONCURRENT.value < 0:
+    raise DataError(f'--concurrent_batches={_CONCURRENT.value} must be 0 (automatic) or positive')
   blocks = iter([whole]) if whole is not None else _input_blocks(_INPUT.value, _BUFFER.value)
   _settings(DECODE)  # a bad flag fails before the model loads
   compiles = CompileCounter()
@@ -301,7 +306,7 @@ def run() -> None:
     raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
   programs = Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
-                          programs=programs)
+                          programs=programs, concurrent_batches=_CONCURRENT.value)
   if _SCORE_REFERENCE.value:
     _score_reference(translator, model, whole, refs)
     return

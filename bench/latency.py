@@ -39,6 +39,8 @@ _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], "decode.py's 
                            "(default: the run's model.dtype); CTranslate2 runs in float32.")
 _CHUNK = flags.DEFINE_integer('chunk', None, "decode.py's --chunk (default: the run's "
                               'decode.chunk, which its config.json keeps).')
+_CONCURRENT = flags.DEFINE_integer('concurrent_batches', None, "decode.py's --concurrent_batches "
+                                   '(default: its own, 2 on a CPU).')
 _PRECOMPILED = flags.DEFINE_string(
     'precompiled_from', None, 'Also time decode.py on a workdir whose programs `decode.py '
     '--precompile --input FILE` stored: what recipe.py leaves from the validation set.')
@@ -105,6 +107,7 @@ def _decode_args(work: pathlib.Path, source: pathlib.Path) -> list[str]:
   args = [sys.executable, 'decode.py', '--workdir', str(work), '--input', str(source),
           '--beam_size', str(_BEAM.value)]
   args += ['--dtype', _DTYPE.value] if _DTYPE.value else []
+  args += ['--concurrent_batches', str(_CONCURRENT.value)] if _CONCURRENT.value else []
   return args + (['--chunk', str(_CHUNK.value)] if _CHUNK.value else [])
 
 
@@ -175,7 +178,8 @@ def main(argv):
           f'layers, d_model {model.cfg.d_model}, checkpoint steps {model.steps}; beam '
           f'{_BEAM.value}, alpha {decode.alpha}, length limit input + {decode.max_extra_len}; '
           f'decode.py computes in {_DTYPE.value or model.cfg.dtype}, chunks of '
-          f'{_CHUNK.value or decode.chunk} steps. '
+          f'{_CHUNK.value or decode.chunk} steps, '
+          f'{_CONCURRENT.value or "2 (its default on a CPU)"} batches at once. '
           f'Whole processes; the JAX runtime alone (import jax, one array): {baseline["wall"]:.2f}'
           f' s wall, {baseline["gb"]:.2f} GB.\n\n'
           '| lines | job | wall s | CPU s | peak GB | programs compiled / from compile cache / '

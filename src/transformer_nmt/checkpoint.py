@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 from transformer_nmt.workdir import CHECKSUMS
+
 QUARANTINE = 'quarantine'  # where unreadable checkpoints go, inside the checkpoint directory
 ITEM = 'default'  # Orbax's directory, in each step directory, for a manager's one item
 

@@ -50,16 +50,19 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
     widths.append(src.shape[1])
     return (src, *rest)
   monkeypatch.setattr(data_lib, 'pad_rows', padded)
-  def run(tokens, order, growth=DecodeConfig.length_growth):
+  def run(tokens, order, growth=DecodeConfig.length_growth, concurrent=0):
     decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
                           length_growth=growth)
-    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
+    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
+                            concurrent_batches=concurrent)
     widths.clear()
     out = translator.translate_lines(loaded.params, [lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
   forward = list(range(len(lines)))
   reference, fine = run(4096, forward), list(widths)
   assert run(24, forward) == reference  # many small batches
+  assert run(24, forward, concurrent=1) == reference  # one batch at a time
+  assert run(24, forward, concurrent=3) == reference
   assert run(4096, forward[::-1]) == reference  # reversed input, order restored
   assert run(4096, forward, growth=4.0) == reference  # a coarser length grid: more padding
   assert max(widths) > max(fine) and all(w % 8 == 0 for w in widths + fine)
@@ -121,7 +124,8 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   def header(run):
     return next(line for line in run.stderr.splitlines() if 'checkpoint step(s)' in line)
   assert header(half).endswith(', bfloat16') and header(result).endswith(', float32')
-  assert len([d for d in programs.iterdir() if d.is_dir()]) == 2
+  assert len(list(programs.glob('*/identity.json'))) == 2
+  assert len(list(programs.glob('params/*.npz'))) == 1  # both read one parameter snapshot
 
 
 def _clean_failure(result, message):
@@ -231,6 +235,8 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
   assert piped.stdout.split('\n')[:-1] == whole
   _clean_failure(run_decode('--workdir', str(tiny_workdir), '--buffer_lines', '-1', stdin='x\n'),
                  '--buffer_lines=-1 must be 0')
+  _clean_failure(run_decode('--workdir', str(tiny_workdir), '--concurrent_batches', '-1',
+                            stdin='x\n'), '--concurrent_batches=-1 must be 0')
 
 
 def test_output_controls_bound_every_output(loaded, test_lines):

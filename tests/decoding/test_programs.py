@@ -2,6 +2,7 @@
 the same settings calls them without compiling; stale, damaged and unwritable stores never
 stop a translation."""
 
+import concurrent.futures
 import logging
 
 import jax
@@ -115,3 +116,13 @@ def test_stored_jit_keys_on_shapes_dtypes_and_static_arguments(tmp_path, compile
   with compiles:
     assert float(again(jnp.ones(3), 3)[1]) == 3.0
   assert later.loaded == 1 and compiles.count == 0
+
+
+def test_threads_asking_for_one_new_program_build_it_once(tmp_path, compiles):
+  store = ProgramStore(tmp_path, identity(test='threads'))
+  fn = StoredJit(lambda x: jnp.cumsum(x) * 2, 'cumsum', store)
+  x = jnp.arange(5.0)
+  with compiles, concurrent.futures.ThreadPoolExecutor(4) as pool:
+    outs = list(pool.map(lambda _: np.asarray(fn(x)), range(8)))
+  assert compiles.count == 1 and store.saved == 1
+  assert all(np.array_equal(o, [0, 2, 6, 12, 20]) for o in outs)

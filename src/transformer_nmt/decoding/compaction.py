@@ -83,7 +83,7 @@ class CompactingDecoder:
                store: Optional[ProgramStore] = None):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.chunk, self.min_rows = chunk, min_rows
-    self.rows_per_chunk: list[int] = []  # the last call's batch size in each chunk
+    self.rows_per_chunk: list[int] = []  # the last finished call's batch size in each chunk
     self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,))
     self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
     self._resize = StoredJit(lambda s, n: s.replace(cache=s.cache.resize(n)), 'resize', store,
@@ -117,13 +117,13 @@ class CompactingDecoder:
     out: list[np.ndarray] = [np.zeros(0)] * len(origin)
     stages = iter(self.cache_lengths(length))
     cache_len, t = 0, 0
-    self.rows_per_chunk = []
+    sizes: list[int] = []  # a list per call: threads may decode batches at once
     while True:
       if t == cache_len:
         cache_len = next(stages)
         state = self._resize(state, cache_len)
       state, done, result = self._advance(params, state, max_lens, length)
-      self.rows_per_chunk.append(len(origin))
+      sizes.append(len(origin))
       t += self.chunk
       done = np.asarray(done) | (origin < 0)
       live = np.flatnonzero(~done)
@@ -135,6 +135,7 @@ class CompactingDecoder:
           if origin[row] >= 0:
             out[origin[row]] = ids[row]
       if finishing:
+        self.rows_per_chunk = sizes
         return np.stack(out)
       if size < len(origin):
         keep = np.concatenate([live, np.full(size - len(live), live[0])])

@@ -30,6 +30,7 @@ import os
 import pathlib
 import pickle
 import platform
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import flax
@@ -196,13 +197,16 @@ def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]
 class StoredJit:
   """`jax.jit(fn, static_argnums=static)` whose compiled programs, one per argument
   signature, come from a `ProgramStore` when it holds them and go to it when they are
-  compiled; without a store, `jax.jit` itself. Static arguments must be positional."""
+  compiled; without a store, `jax.jit` itself. Static arguments must be positional.
+  Threads may call it at once: each signature is loaded or compiled by one of them."""
 
   def __init__(self, fn: Callable, name: str, store: Optional[ProgramStore] = None,
                static_argnums: Sequence[int] = ()):
     self.name, self.store, self.static = name, store, tuple(static_argnums)
     self.jitted = jax.jit(fn, static_argnums=self.static)
     self._programs: dict[str, jax.stages.Compiled] = {}
+    self._lock = threading.Lock()
+    self._pending: dict[str, threading.Lock] = {}  # signature -> held while it is built
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     key = None if self.store is None else signature(args, kwargs, self.static)
@@ -212,6 +216,17 @@ class StoredJit:
     program = self._programs.get(key)
     if program is not None:
       return program(*dynamic, **kwargs)
+    with self._lock:
+      building = self._pending.setdefault(key, threading.Lock())
+    with building:  # a second thread wanting the same program waits for the first one's
+      program = self._programs.get(key)
+      if program is not None:
+        return program(*dynamic, **kwargs)
+      return self._build(key, args, dynamic, kwargs)
+
+  def _build(self, key: str, args: Sequence[Any], dynamic: list[Any],
+             kwargs: dict[str, Any]) -> Any:
+    """Loads (or else compiles and stores) the program for `key` and runs it once."""
     program = self.store.load(self.name, key)
     if program is not None:
       try:  # the first call of a stored program, run to its end, proves that it works

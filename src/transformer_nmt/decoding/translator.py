@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import pathlib
 import re
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
@@ -177,6 +178,19 @@ def average_params(trees: Sequence[Any]) -> Any:
   return jax.tree_util.tree_map(lambda *xs: np.mean(np.stack(xs), axis=0), *trees)
 
 
+def _in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:
+  """fn(0), fn(1), ..., fn(count - 1) in order, up to `workers` of them computed at once by
+  threads: XLA releases the GIL while a program runs, so batches overlap on a CPU's cores."""
+  if workers <= 1 or count <= 1:
+    yield from map(fn, range(count))
+    return
+  pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='decode')
+  try:
+    yield from pool.map(fn, range(count))
+  finally:  # also when the caller stops early: batches not started are dropped
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
   table = params['tgt_embed']['embedding']
   if table.shape[0] != tok.vocab_size or cfg.vocab_size != tok.vocab_size:
@@ -208,15 +222,17 @@ class Translator:
   def __init__(self, cfg: Models, src_tok: Tokenizer, tgt_tok: Tokenizer,
                decode: DecodeConfig = DECODE, *, cache_mode: str = 'cached',
                grow_cache: bool = True, n_best: int = 1,
-               programs: Optional[str | pathlib.Path] = None):
+               programs: Optional[str | pathlib.Path] = None, concurrent_batches: int = 0):
     """`decode.compact` drops finished sentences every `decode.chunk` steps
     (translate.CompactingTranslate, 'cached' decoding only); without it each batch runs as one
     jitted loop (translate.translate) that checks every `chunk` steps whether all its rows are
     done. `n_best` (<= beam size) hypotheses per sentence are kept for `hypotheses`.
     With `programs` (a directory, e.g. Workdir.programs) the compiled programs are kept there
     and a later translator with the same settings calls them without tracing (programs.py);
-    `self.store` counts them. `cache_mode` and `grow_cache` are for measuring the decoder
-    cache (bench/)."""
+    `self.store` counts them. `concurrent_batches` batches are decoded at once, each by a
+    thread of its own (0: 2 on a CPU, whose cores one batch's small matrices leave partly
+    idle; 1 on an accelerator); outputs do not depend on it. `cache_mode` and `grow_cache`
+    are for measuring the decoder cache (bench/)."""
     d = decode.validate()
     if not 1 <= n_best <= d.beam_size or (n_best > 1 and d.temperature > 0):
       raise ConfigError(f'n_best={n_best} must be between 1 and the beam size {d.beam_size} '
@@ -224,6 +240,11 @@ class Translator:
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
     self.max_input_len, self.alpha, self.n_best = d.max_input_len, d.alpha, n_best
     self.length_growth = d.length_growth
+    if concurrent_batches < 0:
+      raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
+                        'positive')
+    self.concurrent_batches = concurrent_batches or (
+        2 if jax.default_backend() == 'cpu' else 1)
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if d.temperature > 0 else None
@@ -267,11 +288,16 @@ class Translator:
     sizes = batch_sizes(self.tokens_per_batch, powers_of_two=not self.compact)
     plans = data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch, sizes, min_rows=8)
     eos = self.tgt_tok.eos_id
-    for i, plan in enumerate(plans):
-      src, segments, _ = data_lib.pad_rows(rows, plan, self.src_tok.pad_id)
-      given = {} if prefixes is None else {'prefix': _padded(prefixes, plan, self.tgt_tok.pad_id)}
+
+    def decode(i: int) -> np.ndarray:
+      """Batch i's output ids [rows, (N,) L]."""
+      src, segments, _ = data_lib.pad_rows(rows, plans[i], self.src_tok.pad_id)
+      given = ({} if prefixes is None else
+               {'prefix': _padded(prefixes, plans[i], self.tgt_tok.pad_id)})
       rng = None if self._rng is None else jax.random.fold_in(self._rng, i)
-      ids = np.asarray(self._translate(params, src, segments, rng=rng, **given))  # [rows, (N,) L]
+      return np.asarray(self._translate(params, src, segments, rng=rng, **given))
+
+    for plan, ids in zip(plans, _in_order(decode, len(plans), self.concurrent_batches)):
       for row, example in enumerate(plan.examples):
         found = ids[row] if ids.ndim == 3 else ids[row][None]
         # An n-best slot without a hypothesis holds no EOS (beam.result); the first always has.
