@@ -43,7 +43,8 @@ _VARIANT_NAMES = flags.DEFINE_list('variants', ['cached', 'cached (stop at K fin
 _CT2 = flags.DEFINE_bool('ctranslate2', False, 'Also run the model exported to CTranslate2.')
 _CT2_TYPES = flags.DEFINE_list('ct2_compute_types', ['float32', 'int8'],
                                'CTranslate2 compute types to run (float32 = the same arithmetic '
-                               'as ours; int8 = its fastest on CPU).')
+                               'as ours; int8 = its fastest on CPU); TYPE/N runs N batches at '
+                               'once (inter_threads), as our Translator does on a CPU.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
@@ -53,6 +54,7 @@ VARIANTS = {  # name -> Translator options that differ from the default (plus th
     'cached (4-best kept)': dict(n_best=4),
     'cached (chunks of 8 steps)': dict(chunk=8),
     'cached (stop at K finished; chunks of 8)': dict(chunk=8, beam_stop='k_finished'),
+    'cached (1 batch at a time)': dict(concurrent_batches=1),
     'cached bfloat16': dict(dtype='bfloat16'),
     'cached bfloat16 (stop at K finished)': dict(dtype='bfloat16', beam_stop='k_finished'),
     'one loop per batch': dict(compact=False, chunk=8),
@@ -71,7 +73,8 @@ def measure(model, rows, beam, options):
   from transformer_nmt.decoding.translator import Translator
   options = dict(options)
   cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
-  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache', 'n_best') if k in options}
+  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache', 'n_best',
+                                          'concurrent_batches') if k in options}
   decode = DecodeConfig(beam_size=beam, max_extra_len=_MAX_EXTRA.value,
                         tokens_per_batch=_BATCH_TOKENS.value, **options)
   translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, **runtime)
@@ -84,9 +87,12 @@ def measure(model, rows, beam, options):
 
 
 def ct2_name(compute_type):
-  if compute_type == 'float32':
-    return 'CTranslate2 (same weights)'
-  return f'CTranslate2, {compute_type}'
+  """'float32', 'int8', ...; 'TYPE/N': N batches at once (inter_threads N, one core each)."""
+  kind, _, parallel = compute_type.partition('/')
+  at_once = f', {parallel} batches at once' if parallel else ''
+  if kind == 'float32':
+    return f'CTranslate2 (same weights{at_once})'
+  return f'CTranslate2, {kind}{at_once}'
 
 
 class Unsupported(Exception):
@@ -99,9 +105,11 @@ def measure_ctranslate2(model, rows, beam, directory, compute_type):
 
   import ctranslate2
   try:
-    translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=1,
-                                        intra_threads=os.cpu_count() or 1,
-                                        compute_type=compute_type)
+    kind, _, parallel = compute_type.partition('/')
+    inter = int(parallel or 1)
+    translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=inter,
+                                        intra_threads=max((os.cpu_count() or 1) // inter, 1),
+                                        compute_type=kind)
   except ValueError as e:  # a compute type this CPU cannot run efficiently (bfloat16 here)
     raise Unsupported(str(e).replace('|', '/').replace('\n', ' ')) from None
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
@@ -188,7 +196,8 @@ def ratios(seconds_of):
     base = seconds_of.get(('cached', beam))
     if base and name != 'cached' and not name.startswith('CTranslate2'):
       out.append(f'beam {beam}: cached is {seconds / base:.2f}x as fast as {name}')
-  for ct2, only in [(ct2_name('float32'), ''), (ct2_name('int8'), 'bfloat16')]:
+  for ct2, only in [(ct2_name('float32'), ''), (ct2_name('float32/2'), ''),
+                    (ct2_name('int8'), 'bfloat16')]:
     for (name, beam), seconds in seconds_of.items():
       theirs = seconds_of.get((ct2, beam))
       if theirs and not name.startswith('CTranslate2') and only in name:
