@@ -5,11 +5,11 @@ moving average of the weights.
     python recipe.py --config configs/multi30k_1h.py:en-de --workdir runs/m30k_1h_en_de
 
 Takes the direction argument of configs/multi30k.py (default en-de); de-en also ends with a
-linear cooldown of the learning rate over its last 1000 steps (train.cooldown_steps). On a 2-core CPU with
-bfloat16 matrix units (AMX) a step takes about 0.9 s, so 3400 steps with an evaluation every
-500 trained in 55 minutes with nothing else running (docs/RESULTS.md, where the sweep behind
-these values is recorded, chosen on en-de validation BLEU); recipe.py's selection and test
-decoding (about 5 minutes) come after the training hour.
+linear cooldown of the learning rate over its last 1000 steps (train.cooldown_steps).
+On a 2-core CPU with bfloat16 matrix units (AMX) a step takes about 0.9 s, so 3400 steps with
+an evaluation every 500 trained in 55 minutes (docs/RESULTS.md, where the sweeps behind these
+values are recorded, chosen on validation BLEU); recipe.py's selection and test decoding
+(about 5 minutes) come after the training hour.
 """
 
 import ml_collections
