@@ -104,9 +104,11 @@ def measure_ctranslate2(model, rows, beam, directory, compute_type):
   import os
 
   import ctranslate2
+  kind, _, parallel = compute_type.partition('/')
+  if parallel and not (parallel.isdigit() and int(parallel) > 0):
+    raise app.UsageError(f'--ct2_compute_types: {compute_type!r}: expected TYPE or TYPE/N, N > 0')
+  inter = int(parallel or 1)
   try:
-    kind, _, parallel = compute_type.partition('/')
-    inter = int(parallel or 1)
     translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=inter,
                                         intra_threads=max((os.cpu_count() or 1) // inter, 1),
                                         compute_type=kind)
@@ -190,7 +192,8 @@ def main(argv):
 
 def ratios(seconds_of):
   """Speed ratios, per beam: our cached decoder against the other variants, each of ours
-  against CTranslate2 in float32, and our bfloat16 ones against its int8."""
+  against CTranslate2 in float32 (one batch at a time, and two at once), and our bfloat16
+  ones against its int8."""
   out = []
   for (name, beam), seconds in seconds_of.items():
     base = seconds_of.get(('cached', beam))

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -296,3 +297,19 @@ def test_precompile_that_cannot_store_fails_in_one_line(tiny_workdir, tmp_path, 
                       '--max_extra_len', '4', stdin=test_lines[0] + '\n')
   _clean_failure(result, f'--precompile: the programs could not be stored in {work / "programs"}')
   assert 'Not keeping compiled programs' in result.stderr
+
+
+def test_batches_in_threads_come_back_in_order_and_stop_with_the_caller():
+  from transformer_nmt.decoding.translator import _in_order
+  started = []
+  def square(i):
+    started.append(i)
+    time.sleep(0.002 * (3 - i % 3))  # later batches often finish first
+    return i * i
+  assert list(_in_order(square, 7, 2)) == [i * i for i in range(7)]
+  assert list(_in_order(square, 3, 1)) == [0, 1, 4]
+  started.clear()
+  batches = _in_order(square, 100, 2)
+  assert next(batches) == 0
+  batches.close()  # e.g. an error while the caller handled batch 0
+  assert len(started) <= 3, started  # the rest never started

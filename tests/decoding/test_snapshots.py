@@ -3,6 +3,7 @@ the snapshot without Orbax and gives the restored parameters exactly; other chec
 damaged snapshots and unwritable workdirs fall back to the checkpoint."""
 
 import logging
+import os
 import shutil
 
 import jax
@@ -56,6 +57,11 @@ def test_other_checkpoints_have_other_snapshots(tiny_workdir, tmp_path):
   sums = checkpoints / '20' / checkpoint.CHECKSUMS
   sums.write_text(sums.read_text().replace('"', "'", 1))  # a retrained step 20
   assert snapshots.snapshot_path(root, checkpoints, [20], ema=True) not in (latest, None)
+  rewritten = snapshots.snapshot_path(root, checkpoints, [20], ema=True)
+  some_file = next(f for f in sorted((checkpoints / '20').rglob('*')) if f.is_file()
+                   and f.name != checkpoint.CHECKSUMS)
+  os.utime(some_file, ns=(1, 1))  # a file changed since the save (its checksum is not redone)
+  assert snapshots.snapshot_path(root, checkpoints, [20], ema=True) not in (rewritten, None)
   sums.unlink()  # a save not sealed yet: no snapshot
   assert snapshots.snapshot_path(root, checkpoints, [20], ema=True) is None
   assert snapshots.step_numbers(checkpoints) == [10, 20]
@@ -80,3 +86,13 @@ def test_an_unwritable_workdir_warns_and_loads(workdir, caplog):
   model = load_workdir(workdir, snapshot=True)
   assert 'Not keeping a parameter snapshot' in caplog.text
   _assert_same(load_workdir(workdir).params, model.params)
+
+
+def test_only_the_newest_snapshots_are_kept(tmp_path):
+  for n in range(snapshots.KEEP + 2):
+    path = tmp_path / 'params' / f'{n}.npz'
+    snapshots.save(path, {'layer': {'w': np.full(3, n, np.float32)}})
+    os.utime(path, ns=(n * 10**9, n * 10**9))  # distinct ages whatever the clock's resolution
+  kept = sorted(p.name for p in (tmp_path / 'params').glob('*.npz'))
+  assert kept == [f'{n}.npz' for n in range(2, snapshots.KEEP + 2)]
+  assert snapshots.load(tmp_path / 'params' / '4.npz')['layer']['w'].tolist() == [4.0] * 3

@@ -5,8 +5,9 @@ the step's files against its checksums.json (Adam moments included), and reading
 through TensorStore (bench/RESULTS.md, time to translation). A snapshot holds the restored
 parameters (the moving average or the raw ones; the mean when several steps are averaged) as
 plain arrays in WORKDIR/programs/params/, named after the checksums of the checkpoints they
-come from. A retrained, replaced or altered checkpoint has other checksums, so its old
-snapshot is never found; a checkpoint without checksums (a save not yet sealed) gets none.
+come from and the sizes and modification times of their files. A retrained or replaced
+checkpoint, or one whose files changed since, never finds an old snapshot; a checkpoint
+without checksums (a save not yet sealed) gets none. The newest three snapshots are kept.
 Each zip member's CRC is checked as it is read, so a damaged snapshot does not load: it is
 then ignored with a warning and the checkpoint restored as usual. Like the stored programs, a
 snapshot never stops a translation: one that cannot be written is skipped with a warning.
@@ -15,7 +16,6 @@ snapshot never stops a translation: one that cannot be written is skipped with a
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from transformer_nmt.files import write_atomically
+from transformer_nmt.files import atomic_output
 from transformer_nmt.workdir import CHECKSUMS
 
 
@@ -41,11 +41,21 @@ def step_numbers(directory: pathlib.Path) -> list[int]:
 def snapshot_path(root: pathlib.Path, directory: pathlib.Path, steps: Sequence[int],
                   ema: bool) -> Optional[pathlib.Path]:
   """Where the snapshot of `steps` of checkpoint `directory` (their mean; `ema` as for
-  Checkpointer.restore_params) lives under `root`, or None when a step has no checksums."""
+  Checkpointer.restore_params) lives under `root`, or None when a step has no checksums.
+
+  The name covers each step's checksums and every file's size and modification time: a
+  checkpoint written again, or a file of it changed since, gets another name (a restore
+  would verify it against its checksums; the snapshot then is not there to bypass that)."""
   digest = hashlib.sha256(json.dumps({'ema': ema}).encode())
   for step in steps:
+    step_dir = directory / str(step)
     try:
-      digest.update(f'{step}\0'.encode() + (directory / str(step) / CHECKSUMS).read_bytes())
+      digest.update(f'{step}\0'.encode() + (step_dir / CHECKSUMS).read_bytes())
+      for path in sorted(step_dir.rglob('*')):
+        if path.is_file():
+          info = path.stat()
+          digest.update(f'{path.relative_to(step_dir)}\0{info.st_size}\0{info.st_mtime_ns}\0'
+                        .encode())
     except OSError:
       return None
   return root / 'params' / f'{digest.hexdigest()[:24]}.npz'
@@ -73,8 +83,12 @@ def load(path: pathlib.Path) -> Optional[Any]:
   return tree
 
 
+KEEP = 3  # snapshots kept per workdir, the newest: each new set of checkpoints adds one
+
+
 def save(path: pathlib.Path, params: Any) -> None:
-  """Writes `params` (nested dicts of arrays) to `path` atomically; warns instead of failing."""
+  """Writes `params` (nested dicts of arrays) to `path` atomically and removes all but the
+  newest `KEEP` snapshots beside it; warns instead of failing."""
   flat: dict[str, np.ndarray] = {}
 
   def walk(node: Any, prefix: str) -> None:
@@ -86,9 +100,12 @@ def save(path: pathlib.Path, params: Any) -> None:
 
   try:
     walk(params, '')
-    buffer = io.BytesIO()
-    np.savez(buffer, **flat)
     os.makedirs(path.parent, exist_ok=True)
-    write_atomically(path, buffer.getvalue())
+    with atomic_output(path, binary=True) as f:
+      np.savez(f, **flat)
+    older = sorted(path.parent.glob('*.npz'), key=lambda p: p.stat().st_mtime_ns)[:-KEEP]
+    for stale in older:
+      if stale != path:
+        stale.unlink()
   except (OSError, ValueError, TypeError, AttributeError) as e:
     logging.warning('Not keeping a parameter snapshot in %s (%s)', path.parent, e)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import pathlib
 import re
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
@@ -185,10 +188,18 @@ def _in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[An
     yield from map(fn, range(count))
     return
   pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='decode')
+  pending: collections.deque = collections.deque()
   try:
-    yield from pool.map(fn, range(count))
-  finally:  # also when the caller stops early: batches not started are dropped
-    pool.shutdown(wait=True, cancel_futures=True)
+    for i in range(count):  # `workers` batches in flight, also while the caller takes one
+      pending.append(pool.submit(fn, i))
+      if len(pending) == workers:
+        yield pending.popleft().result()
+    while pending:
+      yield pending.popleft().result()
+  finally:  # also when the caller stops early: the batches running end, no new one starts
+    for future in pending:
+      future.cancel()
+    pool.shutdown(wait=True)
 
 
 def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
@@ -244,7 +255,7 @@ class Translator:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
     self.concurrent_batches = concurrent_batches or (
-        2 if jax.default_backend() == 'cpu' else 1)
+        min(2, os.cpu_count() or 1) if jax.default_backend() == 'cpu' else 1)
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if d.temperature > 0 else None
@@ -297,13 +308,15 @@ class Translator:
       rng = None if self._rng is None else jax.random.fold_in(self._rng, i)
       return np.asarray(self._translate(params, src, segments, rng=rng, **given))
 
-    for plan, ids in zip(plans, _in_order(decode, len(plans), self.concurrent_batches)):
-      for row, example in enumerate(plan.examples):
-        found = ids[row] if ids.ndim == 3 else ids[row][None]
-        # An n-best slot without a hypothesis holds no EOS (beam.result); the first always has.
-        out[example] = [_strip(h, eos) for j, h in enumerate(found) if j == 0 or eos in h]
-      if progress is not None:
-        progress(len(plan.examples))
+    # closing: an error below stops the batches not yet started (see _in_order)
+    with contextlib.closing(_in_order(decode, len(plans), self.concurrent_batches)) as batches:
+      for plan, ids in zip(plans, batches):
+        for row, example in enumerate(plan.examples):
+          found = ids[row] if ids.ndim == 3 else ids[row][None]
+          # An n-best slot without a hypothesis holds no EOS (beam.result); the first has one.
+          out[example] = [_strip(h, eos) for j, h in enumerate(found) if j == 0 or eos in h]
+        if progress is not None:
+          progress(len(plan.examples))
     return out
 
   def hypotheses(self, params: Any, lines: Sequence[str],
