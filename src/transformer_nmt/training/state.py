@@ -62,8 +62,9 @@ def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2
 def learning_rate_fn(model_cfg: ModelConfig, train_cfg: Any) -> optax.Schedule:
   """Eq. 3 from a config's `train` section (warmup_steps, learning_rate_multiplier, and
   cooldown_steps of num_steps)."""
+  cooldown = int(getattr(train_cfg, 'cooldown_steps', 0))  # num_steps matters only then
   return rsqrt_warmup(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_multiplier,
-                      train_cfg.num_steps, int(getattr(train_cfg, 'cooldown_steps', 0)))
+                      train_cfg.num_steps if cooldown else 0, cooldown)
 
 
 def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -> TrainState:
