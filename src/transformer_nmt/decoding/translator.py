@@ -81,7 +81,6 @@ def _restore(directory: pathlib.Path, snapshot_root: Optional[pathlib.Path],
              best: bool, ema: bool) -> tuple[list[int], Any]:
   """(steps, params) from the checkpoints in `directory` (see `load_workdir`), through a
   snapshot under `snapshot_root` when one is given."""
-  path = None
   if snapshot_root is not None:
     steps = _choose_steps(snapshots.step_numbers(directory), workdir, checkpoint, average_last)
     path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
