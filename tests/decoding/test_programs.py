@@ -126,3 +126,20 @@ def test_threads_asking_for_one_new_program_build_it_once(tmp_path, compiles):
     outs = list(pool.map(lambda _: np.asarray(fn(x)), range(8)))
   assert compiles.count == 1 and store.saved == 1
   assert all(np.array_equal(o, [0, 2, 6, 12, 20]) for o in outs)
+
+
+def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, compiles):
+  """The decoder's state is donated (compaction.py): a program compiled here and the same
+  program read back from the store both take over the donated buffers."""
+  store = ProgramStore(tmp_path, identity(test='donate'))
+  fn = StoredJit(lambda x, y: (x + y, y), 'add', store, donate_argnums=(0,))
+  x, y = jnp.arange(4.0), jnp.ones(4)
+  np.testing.assert_array_equal(fn(x, y)[0], [1, 2, 3, 4])
+  assert x.is_deleted() and not y.is_deleted()
+  again = StoredJit(lambda x, y: (x + y, y), 'add', ProgramStore(tmp_path, identity(
+      test='donate')), donate_argnums=(0,))
+  x = jnp.arange(4.0)
+  with compiles:
+    np.testing.assert_array_equal(again(x, y)[0], [1, 2, 3, 4])
+  assert again.store.loaded == 1 and compiles.count == 0
+  assert x.is_deleted() and not y.is_deleted()

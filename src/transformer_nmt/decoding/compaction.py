@@ -84,7 +84,10 @@ class CompactingDecoder:
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.chunk, self.min_rows = chunk, min_rows
     self.rows_per_chunk: list[int] = []  # the last finished call's batch size in each chunk
-    self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,))
+    # The state is donated: each chunk's state takes the buffers of the one before instead
+    # of copying the caches (less memory, and faster: bench/RESULTS.md).
+    self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,),
+                              donate_argnums=(1,))
     self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
     self._resize = StoredJit(lambda s, n: s.replace(cache=s.cache.resize(n)), 'resize', store,
                              static_argnums=(1,))

@@ -39,6 +39,7 @@ import jaxlib
 from jax import monitoring
 from jax.experimental import serialize_executable
 
+from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 
 _IDENTITY = 'identity.json'
@@ -195,15 +196,16 @@ def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]
 
 
 class StoredJit:
-  """`jax.jit(fn, static_argnums=static)` whose compiled programs, one per argument
-  signature, come from a `ProgramStore` when it holds them and go to it when they are
-  compiled; without a store, `jax.jit` itself. Static arguments must be positional.
-  Threads may call it at once: each signature is loaded or compiled by one of them."""
+  """`jax.jit(fn, static_argnums=static, donate_argnums=donate)` whose compiled programs, one
+  per argument signature, come from a `ProgramStore` when it holds them and go to it when
+  they are compiled; without a store, `jax.jit` itself. Static and donated arguments must be
+  positional. Threads may call it at once: each signature is loaded or compiled by one of
+  them."""
 
   def __init__(self, fn: Callable, name: str, store: Optional[ProgramStore] = None,
-               static_argnums: Sequence[int] = ()):
+               static_argnums: Sequence[int] = (), donate_argnums: Sequence[int] = ()):
     self.name, self.store, self.static = name, store, tuple(static_argnums)
-    self.jitted = jax.jit(fn, static_argnums=self.static)
+    self.jitted = jax.jit(fn, static_argnums=self.static, donate_argnums=tuple(donate_argnums))
     self._programs: dict[str, jax.stages.Compiled] = {}
     self._lock = threading.Lock()
     self._pending: dict[str, threading.Lock] = {}  # signature -> held while it is built
@@ -235,8 +237,14 @@ class StoredJit:
         self.store.loaded += 1
         return out
       except (jax.errors.JaxRuntimeError, ValueError, TypeError) as e:
-        logging.warning('Stored program %s does not run (%s); compiling it again',
-                        self.store.path(self.name, key), str(e).splitlines()[0][:200])
+        path, reason = self.store.path(self.name, key), str(e).splitlines()[0][:200]
+        if any(getattr(x, 'is_deleted', lambda: False)()
+               for x in jax.tree_util.tree_leaves((dynamic, kwargs))):
+          raise DataError(f'Stored program {path} failed while running ({reason}) and took '
+                          f'its donated inputs with it; delete {self.store.directory} and run '
+                          'again') from None
+        logging.warning('Stored program %s does not run (%s); compiling it again', path,
+                        reason)
     hits = _cache_hits[0]
     program = self.jitted.lower(*args, **kwargs).compile()
     if _cache_hits[0] == hits:  # compiled here, not read from the persistent cache
