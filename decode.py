@@ -25,12 +25,7 @@ from typing import IO, Any, Iterator, Optional
 
 from absl import app, flags
 
-from transformer_nmt.cli import (
-  CompileCounter,
-  main_running,
-  one_malloc_arena,
-  use_compile_cache,
-)
+from transformer_nmt.cli import CompileCounter, main_running, use_compile_cache
 from transformer_nmt.config import BEAM_STOPS, DECODE, DecodeConfig
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an '
@@ -111,8 +106,7 @@ _NO_REPEAT = flags.DEFINE_integer('no_repeat_ngram', None, 'No n-gram of this ma
                                   'twice in one output (0 = off).')
 # flag -> the decode option it overrides
 _OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'compact': _COMPACT,
-              'chunk': _CHUNK, 'source_multiple': _SOURCE_MULTIPLE,
-              'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
+              'chunk': _CHUNK, 'source_multiple': _SOURCE_MULTIPLE, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
               'max_input_len': _MAX_INPUT, 'temperature': _TEMPERATURE, 'top_k': _TOP_K,
               'seed': _SEED, 'min_len': _MIN_LEN, 'max_len': _MAX_LEN,
               'no_repeat_ngram': _NO_REPEAT}
@@ -284,7 +278,6 @@ def _header(model: Any, decode: DecodeConfig) -> str:
 
 
 def run() -> None:
-  one_malloc_arena()  # before JAX's threads and decoding's: see its docstring
   import dataclasses
 
   from transformer_nmt.decoding import ensemble

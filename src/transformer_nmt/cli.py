@@ -1,6 +1,5 @@
 """What the command-line programs share: quiet library logging and one-line errors."""
 
-import ctypes
 import errno
 import logging
 import pathlib
@@ -94,17 +93,6 @@ class CompileCounter:
     """'N programs compiled, M loaded from the compile cache'."""
     return (f'{self.requests - self.loaded} programs compiled, {self.loaded} loaded from the '
             'compile cache')
-
-
-def one_malloc_arena() -> None:
-  """Makes glibc's malloc serve every thread from one heap. By default each thread that
-  allocates gets a heap ("arena") of its own, which keeps the memory freed in it: with
-  decoding's batches in threads (Translator's concurrent_batches) the process then holds
-  the largest temporaries of each. Does nothing where malloc is not glibc's."""
-  try:
-    ctypes.CDLL(None).mallopt(-8, 1)  # M_ARENA_MAX (malloc.h)
-  except (OSError, AttributeError):  # no C library to load, or no mallopt in it
-    pass
 
 
 def fail(message: str) -> NoReturn:
