@@ -61,10 +61,6 @@ _COMPACT = flags.DEFINE_bool('compact', None, 'Drop finished sentences from a ba
 _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for finished '
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
-_SOURCE_MULTIPLE = flags.DEFINE_integer(
-    'source_multiple', None, 'With --compact, the decoder sees sources padded to a multiple of '
-    'this many positions (masked), so that batches of several lengths share its compiled '
-    'programs; 8 pads nothing.' + _RUN.format('source_multiple', DECODE.source_multiple))
 _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision '
                            '(activations, products, caches; parameters are kept in float32 and '
                            'cast); outputs differ between the two. bfloat16 beam search was '
@@ -106,7 +102,7 @@ _NO_REPEAT = flags.DEFINE_integer('no_repeat_ngram', None, 'No n-gram of this ma
                                   'twice in one output (0 = off).')
 # flag -> the decode option it overrides
 _OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'compact': _COMPACT,
-              'chunk': _CHUNK, 'source_multiple': _SOURCE_MULTIPLE, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
+              'chunk': _CHUNK, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
               'max_input_len': _MAX_INPUT, 'temperature': _TEMPERATURE, 'top_k': _TOP_K,
               'seed': _SEED, 'min_len': _MIN_LEN, 'max_len': _MAX_LEN,
               'no_repeat_ngram': _NO_REPEAT}

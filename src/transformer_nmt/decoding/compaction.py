@@ -107,24 +107,18 @@ class CompactingDecoder:
                             None, length=self.chunk)
     return state, search.rows_done(state, max_lens), search.result(state)
 
-  def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int,
-               limit: int = 0) -> np.ndarray:
+  def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int) -> np.ndarray:
     """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids (the
     search's result per sentence, e.g. [B, N, length] for an n-best beam).
 
-    At most `limit` steps run (0: `length`), over caches of `cache_lengths(limit)`: buffers
-    of one `length` serve batches of several limits, and so do their compiled programs.
-    `length` and `limit` must be multiples of `chunk`; max_lens [B] <= limit are the rows'
-    limits.
+    `length` must be a multiple of `chunk`; max_lens [B] <= length are the rows' limits.
     """
-    limit = limit or length
-    if length % self.chunk or limit % self.chunk or limit > length:
-      raise ValueError(f'output length {length} and step limit {limit} must be multiples of '
-                       f'chunk {self.chunk}, the limit at most the length')
+    if length % self.chunk:
+      raise ValueError(f'output length {length} is not a multiple of chunk {self.chunk}')
     beams = self.search_of(length).beams
     origin = np.arange(max_lens.shape[0])  # each state row's sentence; -1: a filler row
     out: list[np.ndarray] = [np.zeros(0)] * len(origin)
-    stages = iter(self.cache_lengths(limit))
+    stages = iter(self.cache_lengths(length))
     cache_len, t = 0, 0
     sizes: list[int] = []  # a list per call: threads may decode batches at once
     while True:
@@ -137,7 +131,7 @@ class CompactingDecoder:
       done = np.asarray(done) | (origin < 0)
       live = np.flatnonzero(~done)
       size = compacted_size(len(live), len(origin), self.min_rows)
-      finishing = not len(live) or t >= limit  # the searches end every row by `limit`
+      finishing = not len(live) or t >= length  # the searches end every row by `length`
       if finishing or size < len(origin):
         ids = np.asarray(result)
         for row in np.arange(len(origin)) if finishing else np.flatnonzero(done):

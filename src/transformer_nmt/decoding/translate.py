@@ -180,13 +180,13 @@ class CompactingTranslate:
     self.decoder = CompactingDecoder(lambda length: search_for(length, **self._search),
                                      lambda params: ensemble.step_fn(cfg, params), chunk,
                                      min_rows, store)
-    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5, 6, 7))
+    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5, 6))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],
-                  length: int, limit: int, source_length: int) -> tuple[Any, jax.Array]:
+                  length: int, source_length: int) -> tuple[Any, jax.Array]:
     cache = ensemble.start(self.cfg, params, src, src_segments,
-                           self.decoder.cache_lengths(limit)[0], source_length)
+                           self.decoder.cache_lengths(length)[0], source_length)
     given = as_prefix(prefix, self._search['pad_id'])
     max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
     return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens
@@ -196,18 +196,16 @@ class CompactingTranslate:
                ) -> np.ndarray:
     """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`).
 
-    The decoder sees S padded to a multiple of `source_multiple`, and output buffers as long
-    as that length allows; its caches and steps stop at what S allows (the rows' own limits,
-    `_max_lens`, do not change). Sources of several lengths thus share the decoder's compiled
-    programs for all but the last cache stage."""
+    The decoder runs on S padded to a multiple of `source_multiple` and on outputs as long as
+    that length allows: the rows' own limits (`_max_lens`) do not change, and sources of
+    several lengths share the decoder's compiled programs."""
     prefix_len = 0 if prefix is None else prefix.shape[1]
     steps = output_length(src.shape[1], self.max_extra_len, self.max_len, prefix_len)
     source_length = -(-src.shape[1] // self.source_multiple) * self.source_multiple
     longest = output_length(source_length, self.max_extra_len, self.max_len, prefix_len)
-    limit, length = (-(-n // self.chunk) * self.chunk for n in (steps, longest))
-    state, max_lens = self._start(params, src, src_segments, rng, prefix, length, limit,
-                                  source_length)
-    return self.decoder(params, state, max_lens, length, limit)[..., :steps]
+    length = -(-longest // self.chunk) * self.chunk
+    state, max_lens = self._start(params, src, src_segments, rng, prefix, length, source_length)
+    return self.decoder(params, state, max_lens, length)[..., :steps]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
