@@ -243,11 +243,6 @@ class DecodeConfig:
   # decodes 10% slower.
   chunk: int = 6
   compact: bool = True  # drop finished sentences from a batch every `chunk` steps
-  # With `compact`, the decoder sees each batch's source padded to a multiple of this many
-  # positions (masked out, so attention is unchanged): batches of sources of 8 to 64 tokens
-  # then share one compiled decoder step per batch size and cache stage, where each grid
-  # length compiled its own. 8 pads nothing (the grid lengths are multiples of 8).
-  source_multiple: int = 64
   # 'bound': a sentence ends once no live beam can beat its best finished hypothesis
   # (tensor2tensor, the paper); 'k_finished': also once beam_size hypotheses have finished
   # (OpenNMT, CTranslate2; fewer steps).
@@ -263,7 +258,7 @@ class DecodeConfig:
   no_repeat_ngram: int = 0
 
   def validate(self) -> DecodeConfig:
-    _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk', 'source_multiple')
+    _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
     _check(1 < self.length_growth < math.inf,
            f'decode.length_growth={self.length_growth} must be a number above 1')
     _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '

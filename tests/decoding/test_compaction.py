@@ -9,7 +9,6 @@ import pytest
 from transformer_nmt import ModelConfig, init_params
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder, compacted_size, take_rows
-from transformer_nmt.decoding.programs import ProgramStore, identity
 from transformer_nmt.decoding.search import greedy
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 
@@ -94,31 +93,3 @@ def test_compacting_translate_matches_translate(beam_size):
   compacting = CompactingTranslate(cfg, min_rows=1, **kw)
   np.testing.assert_array_equal(compacting(params, src, seg), np.asarray(expected))
   assert compacting.decoder.rows_per_chunk[-1] < len(lens)
-
-
-def test_sources_padded_to_one_length_share_the_decoder_programs(tmp_path):
-  """decode.source_multiple: batches of 16- and 8-token sources padded to 64 positions run
-  the same decoder steps (the second batch, whose outputs end sooner, compiles none of its
-  own), with the outputs of the unpadded decoder (8: the grid lengths themselves)."""
-  cfg = ModelConfig(vocab_size=24, num_layers=1, d_model=16, d_ff=32, num_heads=2,
-                    residual_dropout=0.0, embedding_dropout=0.0)
-  params = init_params(cfg, jax.random.key(0))
-  rng = np.random.default_rng(3)
-  batches = []
-  for width in (16, 8):
-    lens = rng.integers(1, width + 1, 8)
-    seg = (np.arange(width)[None] < lens[:, None]).astype(np.int32)
-    batches.append((np.where(seg > 0, rng.integers(4, 24, seg.shape), PAD), seg))
-  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, beam_size=3, max_extra_len=6, chunk=2)
-  outputs, advance = {}, {}
-  for multiple in (8, 64):
-    store = ProgramStore(tmp_path / str(multiple), identity(test='source_multiple'))
-    run = CompactingTranslate(cfg, source_multiple=multiple, store=store, **kw)
-    outputs[multiple] = [run(params, src, seg) for src, seg in batches[:1]]
-    first = len(run.decoder._advance._programs)
-    outputs[multiple] += [run(params, src, seg) for src, seg in batches[1:]]
-    advance[multiple] = (first, len(run.decoder._advance._programs))
-  for padded, unpadded in zip(outputs[64], outputs[8]):
-    np.testing.assert_array_equal(padded, unpadded)
-  assert advance[64][1] == advance[64][0]  # the 8-token batch reused the 16-token one's
-  assert advance[8][1] > advance[8][0]

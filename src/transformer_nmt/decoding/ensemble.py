@@ -48,9 +48,6 @@ class EnsembleCache:
   def resize(self, length: int) -> EnsembleCache:
     return EnsembleCache(tuple(m.resize(length) for m in self.members))
 
-  def pad_source(self, length: int) -> EnsembleCache:
-    return EnsembleCache(tuple(m.pad_source(length) for m in self.members))
-
 
 def is_ensemble(cfg: Models) -> bool:
   return not isinstance(cfg, ModelConfig)
@@ -62,16 +59,15 @@ def members(cfg: Models, params: Any) -> list[tuple[ModelConfig, Any]]:
 
 
 def start(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
-          length: int, source_length: int = 0) -> Any:
+          length: int) -> Any:
   """Encodes src [B, S] and returns the decoder cache for `length` steps (an EnsembleCache
-  holding one per member for an ensemble), its cross-attention entries padded to
-  `source_length` positions when that exceeds S (DecoderCache.pad_source)."""
+  holding one per member for an ensemble)."""
   caches = []
   for c, p in members(cfg, params):
     model, variables = Transformer(c), {'params': p}
     memory = model.apply(variables, src, src_segments, method=Transformer.encode)
     caches.append(model.apply(variables, memory, src_segments, length,
-                              method=Transformer.init_cache).pad_source(source_length))
+                              method=Transformer.init_cache))
   return EnsembleCache(tuple(caches)) if is_ensemble(cfg) else caches[0]
 
 

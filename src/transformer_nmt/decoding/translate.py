@@ -170,23 +170,22 @@ class CompactingTranslate:
                beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1,
                min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
                no_repeat_ngram: int = DECODE.no_repeat_ngram,
-               source_multiple: int = DECODE.source_multiple,
                store: Optional[ProgramStore] = None):
     self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
-    self.max_len, self.source_multiple = max_len, source_multiple
+    self.max_len = max_len
     self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
                         alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
                         n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
     self.decoder = CompactingDecoder(lambda length: search_for(length, **self._search),
                                      lambda params: ensemble.step_fn(cfg, params), chunk,
                                      min_rows, store)
-    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5, 6))
+    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5,))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],
-                  length: int, source_length: int) -> tuple[Any, jax.Array]:
+                  length: int) -> tuple[Any, jax.Array]:
     cache = ensemble.start(self.cfg, params, src, src_segments,
-                           self.decoder.cache_lengths(length)[0], source_length)
+                           self.decoder.cache_lengths(length)[0])
     given = as_prefix(prefix, self._search['pad_id'])
     max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
     return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens
@@ -194,17 +193,11 @@ class CompactingTranslate:
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
                rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None
                ) -> np.ndarray:
-    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`).
-
-    The decoder runs on S padded to a multiple of `source_multiple` and on outputs as long as
-    that length allows: the rows' own limits (`_max_lens`) do not change, and sources of
-    several lengths share the decoder's compiled programs."""
-    prefix_len = 0 if prefix is None else prefix.shape[1]
-    steps = output_length(src.shape[1], self.max_extra_len, self.max_len, prefix_len)
-    source_length = -(-src.shape[1] // self.source_multiple) * self.source_multiple
-    longest = output_length(source_length, self.max_extra_len, self.max_len, prefix_len)
-    length = -(-longest // self.chunk) * self.chunk
-    state, max_lens = self._start(params, src, src_segments, rng, prefix, length, source_length)
+    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`)."""
+    steps = output_length(src.shape[1], self.max_extra_len, self.max_len,
+                          0 if prefix is None else prefix.shape[1])
+    length = -(-steps // self.chunk) * self.chunk
+    state, max_lens = self._start(params, src, src_segments, rng, prefix, length)
     return self.decoder(params, state, max_lens, length)[..., :steps]
 
 

@@ -268,8 +268,7 @@ class Translator:
         models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache,
         tokens=(tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)))
     if self.compact:
-      self._translate = CompactingTranslate(cfg, **search, source_multiple=d.source_multiple,
-                                            store=self.store)
+      self._translate = CompactingTranslate(cfg, **search, store=self.store)
     else:
       self._translate = StoredJit(functools.partial(translate, cfg, cache_mode=cache_mode,
                                                     grow_cache=grow_cache, **search),

@@ -138,18 +138,6 @@ class DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
     return self.replace(self_attention=tuple(kv.resize(length) for kv in self.self_attention))
 
-  def pad_source(self, length: int) -> DecoderCache:
-    """Cross-attention entries for `length` source positions (at least S): the added ones are
-    masked out, so attention weights stay those of the real positions. Decoding pads sources
-    of several lengths to one, so that one compiled decoder step serves them all."""
-    pad = length - self.cross_mask.shape[-1]
-    if pad <= 0:
-      return self
-    widen = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
-    return self.replace(cross_k=tuple(map(widen, self.cross_k)),
-                        cross_v=tuple(map(widen, self.cross_v)),
-                        cross_mask=jnp.pad(self.cross_mask, [(0, 0)] * 3 + [(0, pad)]))
-
 
 def _default_positions(ids: jax.Array) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
