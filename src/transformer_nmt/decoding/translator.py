@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import logging
@@ -202,24 +201,6 @@ def _in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[An
     pool.shutdown(wait=True)
 
 
-@functools.cache
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-  try:
-    return ctypes.CDLL(None).malloc_trim
-  except (OSError, AttributeError):  # no C library to load, or not glibc's malloc
-    return None
-
-
-def _release_free_memory() -> None:
-  """Hands the memory that malloc holds free back to the system (glibc's malloc_trim). A
-  batch's temporaries are freed when it ends, but glibc keeps them, in one heap per thread
-  that decodes: without this the process's peak grows with every heap's largest batch
-  (1000 lines: 1.25 instead of 1.45 GB, bench/RESULTS.md). Elsewhere than glibc, nothing."""
-  trim = _malloc_trim()
-  if trim is not None:
-    trim(0)
-
-
 def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
   table = params['tgt_embed']['embedding']
   if table.shape[0] != tok.vocab_size or cfg.vocab_size != tok.vocab_size:
@@ -335,7 +316,6 @@ class Translator:
           out[example] = [_strip(h, eos) for j, h in enumerate(found) if j == 0 or eos in h]
         if progress is not None:
           progress(len(plan.examples))
-        _release_free_memory()
     return out
 
   def hypotheses(self, params: Any, lines: Sequence[str],
