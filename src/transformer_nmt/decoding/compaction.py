@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import DECODE
@@ -141,6 +140,8 @@ class CompactingDecoder:
         self.rows_per_chunk = sizes
         return np.stack(out)
       if size < len(origin):
-        keep = np.concatenate([live, np.full(size - len(live), live[0])])
-        state, max_lens = self._take((state, max_lens), jnp.asarray(keep), len(origin), beams)
+        # int32 on the host: jnp.asarray of numpy's int64 would compile a conversion program,
+        # the one program a run with every decoding program stored would otherwise compile
+        keep = np.concatenate([live, np.full(size - len(live), live[0])]).astype(np.int32)
+        state, max_lens = self._take((state, max_lens), keep, len(origin), beams)
         origin = np.concatenate([origin[live], np.full(size - len(live), -1)])
