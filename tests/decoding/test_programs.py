@@ -1,6 +1,6 @@
 """Compiled decoding programs kept on disk (decoding/programs.py): a second translator with
-the same settings calls them without compiling; stale, damaged and unwritable stores never
-stop a translation."""
+the same settings calls them without compiling; stale, damaged and unwritable stores do not
+stop a translation; donated arguments stay donated through the store."""
 
 import concurrent.futures
 import logging

@@ -10,7 +10,9 @@ A store's programs are only valid for the jax, backend, XLA flags, package code 
 search settings they were built with; these form its identity, and its directory is named
 after their hash. Programs built for another identity are left alone (a one-line notice
 names what differs), a program that does not load is compiled again, and a store that
-cannot be written is used read-only: the store never stops a translation.
+cannot be written is used read-only: the store does not stop a translation. The one
+exception: a stored program that fails while running after it took its donated inputs
+(StoredJit's donate_argnums) ends the run with a DataError that names the store to delete.
 
 Deserialising an executable can run arbitrary code (it is a pickle): a store is for one's own
 workdirs, like their checkpoints.
@@ -228,7 +230,9 @@ class StoredJit:
 
   def _build(self, key: str, args: Sequence[Any], dynamic: list[Any],
              kwargs: dict[str, Any]) -> Any:
-    """Loads (or else compiles and stores) the program for `key` and runs it once."""
+    """Loads (or else compiles and stores) the program for `key` and runs it once. Raises
+    DataError when a stored program fails after consuming donated inputs (nothing is left
+    to run a recompiled program on)."""
     program = self.store.load(self.name, key)
     if program is not None:
       try:  # the first call of a stored program, run to its end, proves that it works
@@ -237,7 +241,8 @@ class StoredJit:
         self.store.loaded += 1
         return out
       except (jax.errors.JaxRuntimeError, ValueError, TypeError) as e:
-        path, reason = self.store.path(self.name, key), str(e).splitlines()[0][:200]
+        path = self.store.path(self.name, key)
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
         if any(getattr(x, 'is_deleted', lambda: False)()
                for x in jax.tree_util.tree_leaves((dynamic, kwargs))):
           raise DataError(f'Stored program {path} failed while running ({reason}) and took '
