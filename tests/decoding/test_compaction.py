@@ -9,6 +9,7 @@ import pytest
 from transformer_nmt import ModelConfig, init_params
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder, compacted_size, take_rows
+from transformer_nmt.decoding.programs import ProgramStore, identity
 from transformer_nmt.decoding.search import greedy
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 
@@ -93,3 +94,31 @@ def test_compacting_translate_matches_translate(beam_size):
   compacting = CompactingTranslate(cfg, min_rows=1, **kw)
   np.testing.assert_array_equal(compacting(params, src, seg), np.asarray(expected))
   assert compacting.decoder.rows_per_chunk[-1] < len(lens)
+
+
+def test_a_decoder_whose_programs_are_all_stored_compiles_none(tmp_path):
+  """Compaction's own steps (which rows to keep) compile nothing: with every program in the
+  store, a second decoder runs without a single compile."""
+  num, length, chunk = 16, 24, 2
+  table = tables(num)
+  limits = jnp.asarray(np.random.default_rng(1).integers(3, length + 1, num))
+  search_of = lambda n: beam(beam_size=3, alpha=0.6, bos_id=BOS, eos_id=EOS,  # noqa: E731
+                             pad_id=PAD, length=n)
+  start = search_of(length).init(SentenceCache(jnp.arange(num)), limits)
+  first = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
+                            store=ProgramStore(tmp_path, identity(test='all stored')))
+  expected = first(table, start, limits, length)
+  assert first.rows_per_chunk[-1] < num  # it compacted
+  compiles = []
+
+  def on_event(event, duration, **_):
+    if event == '/jax/core/compile/backend_compile_duration':
+      compiles.append(duration)
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  start = search_of(length).init(SentenceCache(jnp.arange(num)), limits)
+  jax.clear_caches()  # as a new process: nothing compiled in memory
+  compiles.clear()
+  second = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
+                             store=ProgramStore(tmp_path, identity(test='all stored')))
+  np.testing.assert_array_equal(second(table, start, limits, length), expected)
+  assert compiles == [] and second._advance.store.loaded > 0
