@@ -113,3 +113,11 @@ def test_stored_configs_of_older_runs_are_migrated():
   assert new['decode'] == {'max_extra_len': 7, 'tokens_per_batch': 256}
   assert old['eval']['max_extra_len'] == 7  # the input is left alone
   assert validate_config(new).decode.max_extra_len == 7
+
+
+def test_a_stored_config_with_a_retired_option_still_reads():
+  old = {'decode': {'source_multiple': 64, 'chunk': 4}}
+  assert migrate(old) == {'decode': {'chunk': 4}}
+  assert validate_config(migrate(old)).decode.chunk == 4
+  with pytest.raises(ConfigError, match='unknown option decode.source_multiple'):
+    validate_config(old)  # a config being written, not read back, is still told

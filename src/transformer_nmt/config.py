@@ -282,6 +282,10 @@ _SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'eval': EvalConfig, 'deco
 # Options that moved, so that an old config gets told where to.
 _MOVED = {'eval.max_extra_len': 'decode.max_extra_len',
           'eval.tokens_per_batch': 'decode.tokens_per_batch'}
+# Decoding options that no longer exist: a stored config drops them, so that a workdir
+# written while they existed still reads. decode.source_multiple (2026-11-25) padded the
+# decoder's sources and was withdrawn the same day (bench/RESULTS.md).
+_RETIRED = ('decode.source_multiple',)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -337,7 +341,7 @@ def validate_config(config: Mapping[str, Any]) -> Sections:
 
 def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
   """A stored config (an older workdir's config.json) with moved options under their new
-  names, so that it reads as a current one."""
+  names and retired ones dropped, so that it reads as a current one."""
   config = {name: dict(values) if isinstance(values, Mapping) else values
             for name, values in _to_dict(config).items()}
   for old, new in _MOVED.items():
@@ -345,6 +349,10 @@ def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
     section = config.get(old_section)
     if isinstance(section, dict) and old_key in section:
       config.setdefault(new_section, {})[new_key] = config[old_section].pop(old_key)
+  for retired in _RETIRED:
+    section, key = retired.split('.')
+    if isinstance(config.get(section), dict):
+      config[section].pop(key, None)
   return config
 
 
