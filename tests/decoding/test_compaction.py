@@ -6,9 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt import ModelConfig, init_params
+from transformer_nmt import ModelConfig, Transformer, init_params
 from transformer_nmt.decoding.beam import beam
-from transformer_nmt.decoding.compaction import CompactingDecoder, compacted_size, take_rows
+from transformer_nmt.decoding.compaction import (
+  CompactingDecoder,
+  compacted_size,
+  on_host,
+  resized_on_host,
+  take_rows,
+)
 from transformer_nmt.decoding.programs import ProgramStore, identity
 from transformer_nmt.decoding.search import greedy
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
@@ -43,8 +49,10 @@ def sentence_logits_fn(table):
   return logits_fn
 
 
-@pytest.mark.parametrize('beams', [1, 3])
-def test_compacting_decoder_matches_the_one_loop_search(beams):
+@pytest.mark.parametrize('beams, host', [(1, None), (3, None), (3, False)])
+def test_compacting_decoder_matches_the_one_loop_search(beams, host):
+  """On a CPU compaction runs in numpy (host None); host False: in compiled programs, as on
+  other devices."""
   num, length, chunk = 16, 24, 2
   table = tables(num)
   limits = jnp.asarray(np.random.default_rng(1).integers(3, length + 1, num))
@@ -53,7 +61,8 @@ def test_compacting_decoder_matches_the_one_loop_search(beams):
       lambda n: beam(beam_size=beams, alpha=0.6, **{**kw, 'length': n}))
   cache = SentenceCache(jnp.arange(num))
   expected = search_of(length).run(sentence_logits_fn(table), cache, limits, length, chunk)
-  decoder = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1)
+  decoder = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
+                              host_compaction=host)
   got = decoder(table, search_of(length).init(cache, limits), limits, length)
   np.testing.assert_array_equal(got, np.asarray(expected))
   sizes = decoder.rows_per_chunk
@@ -70,6 +79,43 @@ def test_take_rows_keeps_sentences_and_their_hypotheses():
   np.testing.assert_array_equal(got['per_hypothesis'][:, 0], [4, 5, 0, 1])
   with pytest.raises(ValueError, match='neither per sentence'):
     take_rows({'x': jnp.zeros(5)}, jnp.array([0]), batch=4, beams=2)
+
+
+def test_rows_and_caches_on_the_host_equal_the_compiled_ones():
+  """On a CPU compaction gathers rows and grows caches in numpy (no program to compile):
+  a model's bfloat16 decoder cache, grown, cut and gathered, equals what jit gives."""
+  cfg = ModelConfig(vocab_size=24, num_layers=2, d_model=16, d_ff=32, num_heads=2,
+                    dtype='bfloat16')
+  params = init_params(cfg, jax.random.key(0))
+  model = Transformer(cfg)
+  src = jnp.asarray(np.random.default_rng(3).integers(3, 24, (4, 5)))
+  seg = jnp.ones_like(src)
+  memory = model.apply({'params': params}, src, seg, method=Transformer.encode)
+  cache = model.apply({'params': params}, memory, seg, 8, method=Transformer.init_cache)
+  _, cache = model.apply({'params': params}, src[:, 0], cache, method=Transformer.decode_step)
+  state = {'t': jnp.int32(1), 'seqs': src, 'cache': cache}
+  resize = lambda s, n: {**s, 'cache': s['cache'].resize(n)}  # noqa: E731
+  for n in (12, 6):
+    want = jax.jit(resize, static_argnums=1)(state, n)
+    got = resized_on_host(state, lambda s, n=n: resize(s, n))
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+      assert np.shape(a) == b.shape and np.asarray(a).dtype == b.dtype
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  rows = np.array([3, 1], np.int32)
+  want = jax.jit(take_rows, static_argnums=(2, 3))(state, rows, 4, 1)
+  got = take_rows(on_host(state), rows, 4, 1)
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_an_array_shared_by_two_fields_is_copied_by_the_host_resize():
+  """A search's init may put one array in two fields; a program cannot be handed one
+  donated buffer twice, so the host resize (which passes unchanged arrays on) copies it."""
+  shared = jnp.zeros((2, 3), jnp.int32)
+  got = resized_on_host({'a': shared, 'b': shared}, lambda s: s)
+  assert got['a'] is shared and got['b'] is not shared
+  np.testing.assert_array_equal(got['b'], shared)
 
 
 @pytest.mark.parametrize('live, rows, min_rows, size', [

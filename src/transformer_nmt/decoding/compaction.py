@@ -7,13 +7,16 @@ which rows are done and gathers the live ones into a smaller batch once one of t
 8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences after every
 step). It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
 length) pair it meets compiles its own step, so the first batches compile more than the
-single loop does; later batches of the same shapes reuse them.
+single loop does; later batches of the same shapes reuse them. On a CPU, where the state is
+host memory, the gathers and the cache growth run in numpy and compile nothing (on other
+devices each (rows, length) pair compiles a small program for them).
 
 Dimension legend: B batch (sentences), K beams, L output length.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import jax
@@ -40,6 +43,34 @@ def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:
   return jax.tree_util.tree_map(take, tree)
 
 
+def on_host(tree: Any) -> Any:
+  """The tree with its arrays as numpy arrays (XLA:CPU's buffers, viewed without a copy where
+  possible); scalars stay JAX arrays."""
+  return jax.tree_util.tree_map(lambda x: np.asarray(x) if np.ndim(x) else x, tree)
+
+
+def resized_on_host(state: Any, resize: Callable[[Any], Any]) -> Any:
+  """`resize(state)` for a resize that keeps each changed array's leading part and fills the
+  rest with zeros (KVCache.resize), done in numpy: the arrays whose shape changes are copied
+  into zeros of their new shape; the others are returned as they are, but an array found
+  twice (a search's init may share one between fields) is copied, since a program cannot
+  take the same donated buffer twice."""
+  shapes = jax.eval_shape(resize, state)
+  seen: set[int] = set()
+
+  def grown(x: Any, new: jax.ShapeDtypeStruct) -> Any:
+    if np.shape(x) == new.shape:
+      if id(x) in seen:
+        return np.array(x)
+      seen.add(id(x))
+      return x
+    out = np.zeros(new.shape, new.dtype)
+    common = tuple(slice(0, min(a, b)) for a, b in zip(np.shape(x), new.shape))
+    out[common] = np.asarray(x)[common]
+    return out
+  return jax.tree_util.tree_map(grown, state, shapes)
+
+
 def compacted_size(live: int, rows: int, min_rows: int) -> int:
   """Batch size to continue with: the smallest size of the ladder 8, 12, 16, 24, 32, 48, ...
   (powers of two and 1.5x them, at least `min_rows`) that holds the `live` rows, or `rows`
@@ -62,6 +93,10 @@ def batch_sizes(limit: int, powers_of_two: bool = False) -> list[int]:
   return sizes
 
 
+def _resize(state: Any, n: int) -> Any:
+  return state.replace(cache=state.cache.resize(n))
+
+
 def _next_power_of_two(n: int) -> int:
   return 1 << n.bit_length()
 
@@ -75,12 +110,15 @@ class CompactingDecoder:
     chunk: steps per call; rows are checked and compacted between calls.
     min_rows: never compact below this many rows (small batches cost about the same).
     store: where compiled programs are kept across runs (programs.py); None: in memory only.
+    host_compaction: gather rows and grow caches in numpy, not in compiled programs; None:
+      when the state is in host memory (XLA:CPU).
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
                chunk: int = DECODE.chunk, min_rows: int = 8,
-               store: Optional[ProgramStore] = None):
+               store: Optional[ProgramStore] = None, host_compaction: Optional[bool] = None):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
+    self.host_compaction = host_compaction
     self.chunk, self.min_rows = chunk, min_rows
     self.rows_per_chunk: list[int] = []  # the last finished call's batch size in each chunk
     # The state is donated: each chunk's state takes the buffers of the one before instead
@@ -89,13 +127,18 @@ class CompactingDecoder:
     self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,),
                               donate_argnums=(1,))
     self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
-    self._resize = StoredJit(lambda s, n: s.replace(cache=s.cache.resize(n)), 'resize', store,
-                             static_argnums=(1,))
+    self._resize = StoredJit(_resize, 'resize', store, static_argnums=(1,))
 
   def cache_lengths(self, length: int) -> list[int]:
     """Self-attention cache lengths the decoding of `length` steps goes through; the caller
     makes the first one (a cache of another length is resized first)."""
-    return cache_stages(length, self.chunk)
+    # From 4 chunks, not 2: each (rows, cache length) pair is a step program of its own, and
+    # a first stage of 2 chunks adds one for every batch shape a file starts with, while
+    # attending over 2 more chunks of (masked) positions in the first steps costs nothing
+    # measurable
+    # (1000 lines: 24 programs instead of 28, cold 29.1 s instead of 33.6 s, same outputs;
+    # bench/RESULTS.md)
+    return cache_stages(length, self.chunk, first=4)
 
   def _advance_impl(self, params: Any, state: Any, max_lens: jax.Array,
                     length: int) -> tuple[Any, jax.Array, jax.Array]:
@@ -119,12 +162,20 @@ class CompactingDecoder:
     origin = np.arange(max_lens.shape[0])  # each state row's sentence; -1: a filler row
     out: list[np.ndarray] = [np.zeros(0)] * len(origin)
     stages = iter(self.cache_lengths(length))
+    # XLA:CPU arrays live in host memory: numpy gathers and grows them without a compiled
+    # program (about 0.2 CPU seconds each to compile, 33 of them in a 1000-line run;
+    # bench/RESULTS.md)
+    host = self.host_compaction
+    if host is None:
+      host = all(d.platform == 'cpu' for x in jax.tree_util.tree_leaves(state)
+                 for d in getattr(x, 'devices', lambda: ())())
     cache_len, t = 0, 0
     sizes: list[int] = []  # a list per call: threads may decode batches at once
     while True:
       if t == cache_len:
         cache_len = next(stages)
-        state = self._resize(state, cache_len)
+        state = (resized_on_host(state, functools.partial(_resize, n=cache_len)) if host
+                 else self._resize(state, cache_len))
       state, done, result = self._advance(params, state, max_lens, length)
       sizes.append(len(origin))
       t += self.chunk
@@ -144,5 +195,7 @@ class CompactingDecoder:
         # int32 on the host: jnp.asarray of numpy's int64 would compile a conversion program,
         # the one program a run with every decoding program stored would otherwise compile
         keep = np.concatenate([live, np.full(size - len(live), live[0])]).astype(np.int32)
-        state, max_lens = self._take((state, max_lens), keep, len(origin), beams)
+        state, max_lens = (take_rows(on_host((state, max_lens)), keep, len(origin), beams)
+                           if host else
+                           self._take((state, max_lens), keep, len(origin), beams))
         origin = np.concatenate([origin[live], np.full(size - len(live), -1)])
