@@ -132,13 +132,7 @@ class CompactingDecoder:
   def cache_lengths(self, length: int) -> list[int]:
     """Self-attention cache lengths the decoding of `length` steps goes through; the caller
     makes the first one (a cache of another length is resized first)."""
-    # From 4 chunks, not 2: each (rows, cache length) pair is a step program of its own, and
-    # a first stage of 2 chunks adds one for every batch shape a file starts with, while
-    # attending over 2 more chunks of (masked) positions in the first steps costs nothing
-    # measurable
-    # (1000 lines: 24 programs instead of 28, cold 29.1 s instead of 33.6 s, same outputs;
-    # bench/RESULTS.md)
-    return cache_stages(length, self.chunk, first=4)
+    return cache_stages(length, self.chunk)
 
   def _advance_impl(self, params: Any, state: Any, max_lens: jax.Array,
                     length: int) -> tuple[Any, jax.Array, jax.Array]:
@@ -163,8 +157,7 @@ class CompactingDecoder:
     out: list[np.ndarray] = [np.zeros(0)] * len(origin)
     stages = iter(self.cache_lengths(length))
     # XLA:CPU arrays live in host memory: numpy gathers and grows them without a compiled
-    # program (about 0.2 CPU seconds each to compile, 33 of them in a 1000-line run;
-    # bench/RESULTS.md)
+    # program (0.2-0.3 s each to compile, 29 in a 1000-line run; bench/RESULTS.md)
     host = self.host_compaction
     if host is None:
       host = all(d.platform == 'cpu' for x in jax.tree_util.tree_leaves(state)

@@ -79,11 +79,11 @@ def decode_loop(step_fn: Callable[[Any], Any], done_fn: Callable[[Any], jax.Arra
   return run_stage(0, jnp.int32(0), state)
 
 
-def cache_stages(length: int, chunk: int, first: int = 2) -> list[int]:
-  """Cache lengths of the stages of `decode_loop`: `first` chunks, doubling, then `length` (a
+def cache_stages(length: int, chunk: int) -> list[int]:
+  """Cache lengths of the stages of `decode_loop`: 2 chunks, doubling, then `length` (a
   multiple of `chunk`) once it is within 1.5x of the next doubling. Each stage compiles its
   own copy of the decoder step, so fewer stages compile faster (e.g. 16, 32, 72)."""
-  stages, n = [], first * chunk
+  stages, n = [], 2 * chunk
   while n < length:
     stages.append(n)
     if 3 * n >= length:  # the next doubling would be within 1.5x of the full length
