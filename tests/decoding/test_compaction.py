@@ -8,8 +8,13 @@ import pytest
 
 from transformer_nmt import ModelConfig, Transformer, init_params
 from transformer_nmt.decoding.beam import beam
-from transformer_nmt.decoding.compaction import (CompactingDecoder, compacted_size, on_host,
-                                                 resized_on_host, take_rows)
+from transformer_nmt.decoding.compaction import (
+  CompactingDecoder,
+  compacted_size,
+  on_host,
+  resized_on_host,
+  take_rows,
+)
 from transformer_nmt.decoding.programs import ProgramStore, identity
 from transformer_nmt.decoding.search import greedy
 from transformer_nmt.decoding.translate import CompactingTranslate, translate

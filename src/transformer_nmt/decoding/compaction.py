@@ -93,6 +93,16 @@ def batch_sizes(limit: int, powers_of_two: bool = False) -> list[int]:
   return sizes
 
 
+def _on_one_cpu(state: Any) -> bool:
+  """Whether the state's arrays all live on the default device, a CPU. XLA:CPU arrays are
+  host memory: numpy gathers and grows them without a compiled program (about 0.2 CPU
+  seconds each to compile, 33 of them in a 1000-line run; bench/RESULTS.md). A state
+  sharded over several devices (evaluation during training on a mesh) keeps the programs."""
+  default = jax.devices()[0]
+  return default.platform == 'cpu' and all(
+      x.devices() == {default} for x in jax.tree_util.tree_leaves(state) if hasattr(x, 'devices'))
+
+
 def _resize(state: Any, n: int) -> Any:
   return state.replace(cache=state.cache.resize(n))
 
@@ -156,12 +166,9 @@ class CompactingDecoder:
     origin = np.arange(max_lens.shape[0])  # each state row's sentence; -1: a filler row
     out: list[np.ndarray] = [np.zeros(0)] * len(origin)
     stages = iter(self.cache_lengths(length))
-    # XLA:CPU arrays live in host memory: numpy gathers and grows them without a compiled
-    # program (0.2-0.3 s each to compile, 29 in a 1000-line run; bench/RESULTS.md)
     host = self.host_compaction
     if host is None:
-      host = all(d.platform == 'cpu' for x in jax.tree_util.tree_leaves(state)
-                 for d in getattr(x, 'devices', lambda: ())())
+      host = _on_one_cpu(state)
     cache_len, t = 0, 0
     sizes: list[int] = []  # a list per call: threads may decode batches at once
     while True:
