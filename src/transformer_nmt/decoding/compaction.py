@@ -121,7 +121,7 @@ class CompactingDecoder:
     min_rows: never compact below this many rows (small batches cost about the same).
     store: where compiled programs are kept across runs (programs.py); None: in memory only.
     host_compaction: gather rows and grow caches in numpy, not in compiled programs; None:
-      when the state is in host memory (XLA:CPU).
+      when every array of the state lives on the default device and that is a CPU.
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
