@@ -25,7 +25,9 @@ LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 @runtime_checkable
 class GrowingCache(Protocol):
   """A decoder cache that can change its number of positions (`decode_loop` grows it in
-  stages); model.transformer.DecoderCache is one. Other caches run at their full length."""
+  stages); model.transformer.DecoderCache is one. Other caches run at their full length.
+  `resize` must keep each array's leading part and fill the rest with zeros: on a CPU,
+  compaction.resized_on_host redoes it in numpy from the new shapes alone."""
 
   def resize(self, length: int) -> Any: ...
 
