@@ -170,6 +170,11 @@ class TrainConfig:
   # Exponential moving average of the weights (Polyak averaging; fairseq's EMA, Marian's
   # exponential smoothing), used by evaluation, best/ and decode.py; 0 = off (the paper).
   ema_decay: float = 0.0
+  # Cap the decay at (1 + step) / (10 + step) (TensorFlow's ExponentialMovingAverage with
+  # num_updates), so that early weights fade fast. The cap stays below ema_decay until step
+  # (10 d - 1) / (1 - d): 8990 for 0.999, so a shorter run averages over about the last
+  # step / 9 steps whatever ema_decay says (0.9974 at step 3400). False: ema_decay throughout.
+  ema_warmup: bool = True
   # Stop after this many evaluations in a row without a better eval_bleu (0 = never; the
   # paper trains a fixed number of steps).
   patience: int = 0

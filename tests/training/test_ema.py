@@ -34,6 +34,24 @@ def test_decay_zero_gives_the_parameters_and_one_step_matches_a_hand_computation
   assert not np.allclose(new.params['w'], params['w'])  # the update moved the weights
 
 
+def test_without_warmup_the_decay_is_the_configured_one_from_the_first_step(tiny_cfg):
+  """train.ema_warmup=False: ema_decay from update 1, where the warm-up's cap would hold the
+  decay below 0.999 until step 8990 (at step 3400 it is 3401 / 3410)."""
+  assert float(ema_decay_at(0.999, 3400)) == pytest.approx(3401 / 3410)
+  assert float(ema_decay_at(0.999, 8990)) == pytest.approx(0.999)
+  assert float(ema_decay_at(0.999, 1, warmup=False)) == pytest.approx(0.999)
+  config = default_config()
+  config.train.ema_decay, config.train.ema_warmup = 0.9, False
+  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  assert state.ema_decay == 0.9 and state.ema_warmup is False
+  grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
+  new = state.apply_gradients(grads=grads)
+  for old, ema, params in zip(*(jax.tree_util.tree_leaves(t) for t in
+                                (state.params, new.ema, new.params))):
+    np.testing.assert_allclose(ema, 0.9 * old + 0.1 * params, rtol=1e-5, atol=1e-7)
+  assert create_train_state(tiny_cfg, default_config().train, jax.random.key(0)).ema_warmup
+
+
 def _own_buffers(state) -> bool:
   """The average never shares a buffer with the parameters: a step that donates the state
   (on accelerators) would donate it twice."""

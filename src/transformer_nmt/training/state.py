@@ -20,10 +20,13 @@ def ema_update(ema: Any, params: Any, decay: jax.Array) -> Any:
   return jax.tree_util.tree_map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
-def ema_decay_at(decay: float, step: jax.Array) -> jax.Array:
-  """The decay used after update `step` (1-based): min(decay, (1 + step) / (10 + step)), the
-  warm-up of TensorFlow's ExponentialMovingAverage(num_updates), so that a short run's average
-  is not dominated by the initial weights."""
+def ema_decay_at(decay: float, step: jax.Array, warmup: bool = True) -> jax.Array:
+  """The decay used after update `step` (1-based). With `warmup`: min(decay, (1 + step) /
+  (10 + step)), the warm-up of TensorFlow's ExponentialMovingAverage(num_updates), so that a
+  short run's average is not dominated by the initial weights; it caps the decay until step
+  (10 decay - 1) / (1 - decay), e.g. 8990 for 0.999 (train.ema_warmup)."""
+  if not warmup:
+    return jnp.asarray(decay, jnp.float32)
   step = jnp.asarray(step, jnp.float32)
   return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
@@ -35,13 +38,14 @@ class TrainState(train_state.TrainState):
 
   ema: Any = None
   ema_decay: float = flax.struct.field(pytree_node=False, default=0.0)
+  ema_warmup: bool = flax.struct.field(pytree_node=False, default=True)
 
   def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
     new = super().apply_gradients(grads=grads, **kwargs)
     if self.ema is None:
       return new
-    return new.replace(ema=ema_update(self.ema, new.params, ema_decay_at(self.ema_decay,
-                                                                         new.step)))
+    decay = ema_decay_at(self.ema_decay, new.step, self.ema_warmup)
+    return new.replace(ema=ema_update(self.ema, new.params, decay))
 
   @property
   def eval_params(self) -> Any:
@@ -78,4 +82,5 @@ def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -
   # donates the state donate them twice (accelerators).
   ema = jax.tree_util.tree_map(jnp.copy, params) if decay > 0 else None
   return TrainState.create(apply_fn=Transformer(model_cfg).apply, params=params, tx=tx,
-                           ema=ema, ema_decay=decay)
+                           ema=ema, ema_decay=decay,
+                           ema_warmup=bool(getattr(train_cfg, 'ema_warmup', True)))
