@@ -42,13 +42,15 @@ def test_without_warmup_the_decay_is_the_configured_one_from_the_first_step(tiny
   assert float(ema_decay_at(0.999, 1, warmup=False)) == pytest.approx(0.999)
   config = default_config()
   config.train.ema_decay, config.train.ema_warmup = 0.9, False
+  config.train.warmup_steps = 1  # a first step that moves every weight by about 0.18
   state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
   assert state.ema_decay == 0.9 and state.ema_warmup is False
   grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
   new = state.apply_gradients(grads=grads)
   for old, ema, params in zip(*(jax.tree_util.tree_leaves(t) for t in
                                 (state.params, new.ema, new.params))):
-    np.testing.assert_allclose(ema, 0.9 * old + 0.1 * params, rtol=1e-5, atol=1e-7)
+    assert np.all(np.abs(params - old) > 0.1)  # the warm-up's 2/11 would be far off
+    np.testing.assert_allclose(ema - old, 0.1 * (params - old), rtol=1e-4, atol=1e-6)
   assert create_train_state(tiny_cfg, default_config().train, jax.random.key(0)).ema_warmup
 
 
