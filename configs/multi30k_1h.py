@@ -10,7 +10,8 @@ residual and embedding dropout 0.3.
 On a 2-core CPU with bfloat16 matrix units (AMX) a step takes about 0.9 s, so 3400 steps with
 an evaluation every 500 trained in 55 minutes (docs/RESULTS.md, where the sweeps behind these
 values are recorded, chosen on validation BLEU); recipe.py's selection and test decoding
-(about 5 minutes) come after the training hour.
+(about 5 minutes) come after the training hour. On a 2-core AMD EPYC without AMX the same
+steps took 66 minutes (about 15% fewer tokens a second; docs/RESULTS.md).
 """
 
 import ml_collections
