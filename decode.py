@@ -26,7 +26,13 @@ from typing import IO, Any, Iterator, Optional
 from absl import app, flags
 
 from transformer_nmt.cli import CompileCounter, main_running, use_compile_cache
-from transformer_nmt.config import BEAM_STOPS, DECODE, DecodeConfig
+from transformer_nmt.config import (
+  BEAM_STOPS,
+  DECODE,
+  PRECOMPILE_LENGTH,
+  PRECOMPILE_ROWS,
+  DecodeConfig,
+)
 
 _WORKDIR = flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an '
                                      'ensemble (log-probabilities averaged at every step; the '
@@ -67,10 +73,17 @@ _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute prec
                            '1.28x as fast as float32 on a CPU with bfloat16 matrix units (Intel '
                            'AMX; bench/RESULTS.md; not measured on CPUs without them). Default: '
                            "the run's model.dtype.")
-_PRECOMPILE = flags.DEFINE_bool('precompile', False, 'Translate --input only to compile and '
-                                'store the programs its batches need in WORKDIR/programs, '
-                                'writing no translations: run it once on text like the text to '
-                                'come (the validation set, say) and later runs start at once.')
+_PRECOMPILE = flags.DEFINE_bool('precompile', False, 'Compile and store in WORKDIR/programs '
+                                'the programs of small jobs (see --precompile_rows; also what '
+                                'lines typed at a terminal need), then those the batches of '
+                                '--input need (none when it is a terminal), writing no '
+                                'translations: run it once on text like the text to come (the '
+                                'validation set, say) and later runs start at once.')
+_PRECOMPILE_ROWS = flags.DEFINE_integer('precompile_rows', PRECOMPILE_ROWS, 'With --precompile: '
+                                        'the small jobs made ready are of up to this many '
+                                        'sentences (0: none) ...')
+_PRECOMPILE_LENGTH = flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up '
+                                          'to this many source subwords, EOS included.')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'With --noprograms: keep compiled '
                                    'programs in WORKDIR/compile_cache, so a later run with the '
                                    'same batch shapes skips most compilation (JAX persistent '
@@ -310,6 +323,8 @@ def run() -> None:
   if _SCORE_REFERENCE.value:
     _score_reference(translator, model, whole, refs)
     return
+  if _PRECOMPILE.value:
+    blocks = _precompile_small_jobs(translator, model.params, blocks)
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
   keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
@@ -344,6 +359,18 @@ def _write(translator: Any, model: Any, blocks: Iterator[list[str]], progress: _
   sink = open(os.devnull, 'w', encoding='utf-8') if _PRECOMPILE.value else None
   with contextlib.closing(sink) if sink else _output(_OUTPUT.value) as out:
     return _translate_blocks(translator, model, blocks, progress, keep, out, prefixes)
+
+
+def _precompile_small_jobs(translator: Any, params: Any, blocks: Iterator[list[str]]
+                           ) -> Iterator[list[str]]:
+  """--precompile's first part: the programs of small jobs and of lines typed at a terminal
+  (Translator.precompile). Returns the input's blocks still to compile for, none when the
+  input is a terminal (nobody is going to type the validation set)."""
+  t0 = time.time()
+  shapes = translator.precompile(params, _PRECOMPILE_ROWS.value, _PRECOMPILE_LENGTH.value)
+  print(f'{shapes} batch shapes of jobs of up to {_PRECOMPILE_ROWS.value} sentences of up to '
+        f'{_PRECOMPILE_LENGTH.value} subwords made in {time.time() - t0:.1f} s', file=sys.stderr)
+  return iter([]) if _INPUT.value == '-' and sys.stdin.isatty() else blocks
 
 
 def _report_precompiled(store: Any) -> None:
@@ -414,6 +441,9 @@ def _check_modes() -> None:
                             or _SCORE_REFERENCE.value or _PLOT.value):
     raise DataError('--precompile stores programs and writes no translations: it takes none '
                     'of --noprograms, --output, --resume, --score_reference, --plot_attention')
+  for flag in (_PRECOMPILE_ROWS, _PRECOMPILE_LENGTH):
+    if flag.value < 0:
+      raise DataError(f'--{flag.name}={flag.value} must be 0 or positive')
   if _RESUME.value and (_OUTPUT.value == '-' or _REFERENCE.value or _SCORE_REFERENCE.value
                         or _PREFIX.value):
     raise DataError('--resume continues an --output file, and not with --reference, '

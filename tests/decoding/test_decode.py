@@ -105,7 +105,7 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   shutil.rmtree(cache, ignore_errors=True)
   flags = ('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4')
   stdin = '\n'.join(test_lines[:2]) + '\n\n'
-  first = run_decode(*flags, '--precompile', stdin=stdin)  # compiles and stores, writes nothing
+  first = run_decode(*flags, '--precompile', '--precompile_rows', '0', stdin=stdin)  # the input's only
   assert first.returncode == 0 and first.stdout == '', first.stderr[-3000:]
   stored = sorted(p.name for p in programs.glob('*/*.program'))
   assert any(name.startswith('advance-') for name in stored), stored  # search steps
@@ -147,6 +147,8 @@ def test_decode_bad_input(tiny_workdir, tmp_path):
                  'error: --beam_size=0 must be positive')
   _clean_failure(run_decode('--workdir', wd, '--precompile', '--output', str(tmp_path / 'o')),
                  '--precompile stores programs and writes no translations')
+  _clean_failure(run_decode('--workdir', wd, '--precompile', '--precompile_rows', '-1'),
+                 'error: --precompile_rows=-1 must be 0 or positive')
   (tmp_path / 'ref').write_text('a\nb\n')
   _clean_failure(run_decode('--workdir', wd, '--reference', str(tmp_path / 'ref'), stdin='x\n'),
                  'has 2 lines but the input has 1')

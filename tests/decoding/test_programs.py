@@ -143,3 +143,23 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
     np.testing.assert_array_equal(again(x, y)[0], [1, 2, 3, 4])
   assert again.store.loaded == 1 and compiles.count == 0
   assert x.is_deleted() and not y.is_deleted()
+
+
+def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
+  """Translator.precompile makes the programs of every batch of 8 rows (the fewest a batch
+  has) at each grid length up to max_length, through every cache stage: later jobs of up to 8
+  lines of such lengths compile nothing and give the outputs of a translator that compiled."""
+  assert max(len(ids) + 1 for ids in loaded.src_tok.encode(lines)) <= 40
+  decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=14)  # past the first stage
+  first = _translator(loaded, tmp_path, decode)
+  assert first.precompile(loaded.params, max_rows=8, max_length=40) == 4  # 8, 16, 24, 40
+  assert first.store.saved > 4  # a start program per length and a step per cache stage
+  jobs = [lines[:1], lines[2:5], lines]
+  again = _translator(loaded, tmp_path, decode)
+  with compiles:
+    got = [again.translate_lines(loaded.params, job) for job in jobs]
+  assert len(again._translate.decoder.rows_per_chunk) > 2  # a stage after the first 2 chunks
+  assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
+  plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
+  assert got == [plain.translate_lines(loaded.params, job) for job in jobs]
+  assert _translator(loaded, tmp_path / 'none').precompile(loaded.params, max_rows=7) == 0

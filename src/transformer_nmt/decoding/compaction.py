@@ -154,11 +154,14 @@ class CompactingDecoder:
                             None, length=self.chunk)
     return state, search.rows_done(state, max_lens), search.result(state)
 
-  def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int) -> np.ndarray:
+  def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int,
+               every_stage: bool = False) -> np.ndarray:
     """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids (the
     search's result per sentence, e.g. [B, N, length] for an n-best beam).
 
     `length` must be a multiple of `chunk`; max_lens [B] <= length are the rows' limits.
+    With `every_stage` no row counts as done: the batch keeps its size through every cache
+    stage, so that each program a batch of its shape can meet is made (precompilation).
     """
     if length % self.chunk:
       raise ValueError(f'output length {length} is not a multiple of chunk {self.chunk}')
@@ -179,7 +182,7 @@ class CompactingDecoder:
       state, done, result = self._advance(params, state, max_lens, length)
       sizes.append(len(origin))
       t += self.chunk
-      done = np.asarray(done) | (origin < 0)
+      done = np.zeros(len(origin), bool) if every_stage else np.asarray(done) | (origin < 0)
       live = np.flatnonzero(~done)
       size = compacted_size(len(live), len(origin), self.min_rows)
       finishing = not len(live) or t >= length  # the searches end every row by `length`

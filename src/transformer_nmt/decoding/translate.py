@@ -191,14 +191,15 @@ class CompactingTranslate:
     return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens
 
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
-               rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None
-               ) -> np.ndarray:
-    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`)."""
+               rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None,
+               every_stage: bool = False) -> np.ndarray:
+    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`);
+    `every_stage` runs the batch through every cache stage (CompactingDecoder)."""
     steps = output_length(src.shape[1], self.max_extra_len, self.max_len,
                           0 if prefix is None else prefix.shape[1])
     length = -(-steps // self.chunk) * self.chunk
     state, max_lens = self._start(params, src, src_segments, rng, prefix, length)
-    return self.decoder(params, state, max_lens, length)[..., :steps]
+    return self.decoder(params, state, max_lens, length, every_stage)[..., :steps]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,

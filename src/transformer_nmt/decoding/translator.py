@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
+from transformer_nmt.config import (
+  DECODE,
+  PRECOMPILE_LENGTH,
+  PRECOMPILE_ROWS,
+  DecodeConfig,
+  ModelConfig,
+)
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding import snapshots
@@ -204,6 +210,10 @@ def _in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[An
     pool.shutdown(wait=True)
 
 
+# Fewest rows in a batch: fewer cost about as much (CompactingTranslate's min_rows).
+_MIN_ROWS = 8
+
+
 def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
   table = params['tgt_embed']['embedding']
   if table.shape[0] != tok.vocab_size or cfg.vocab_size != tok.vocab_size:
@@ -299,7 +309,8 @@ class Translator:
     # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
     # two): few shapes, and the same ones for every file.
     sizes = batch_sizes(self.tokens_per_batch, powers_of_two=not self.compact)
-    plans = data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch, sizes, min_rows=8)
+    plans = data_lib.fill_batches(lengths, boundaries, self.tokens_per_batch, sizes,
+                                  min_rows=_MIN_ROWS)
     eos = self.tgt_tok.eos_id
 
     def decode(i: int) -> np.ndarray:
@@ -307,8 +318,7 @@ class Translator:
       src, segments, _ = data_lib.pad_rows(rows, plans[i], self.src_tok.pad_id)
       given = ({} if prefixes is None else
                {'prefix': _padded(prefixes, plans[i], self.tgt_tok.pad_id)})
-      rng = None if self._rng is None else jax.random.fold_in(self._rng, i)
-      return np.asarray(self._translate(params, src, segments, rng=rng, **given))
+      return self._batch(params, src, segments, i, **given)
 
     # closing: an error below stops the batches not yet started (see _in_order)
     with contextlib.closing(_in_order(decode, len(plans), self.concurrent_batches)) as batches:
@@ -320,6 +330,40 @@ class Translator:
         if progress is not None:
           progress(len(plan.examples))
     return out
+
+  def _batch(self, params: Any, src: np.ndarray, segments: np.ndarray, index: int,
+             **extra: Any) -> np.ndarray:
+    """Output ids [rows, (N,) L] of the padded batch src [rows, S] (batch `index` of a call,
+    which picks its sampling draws)."""
+    rng = None if self._rng is None else jax.random.fold_in(self._rng, index)
+    return np.asarray(self._translate(params, src, segments, rng=rng, **extra))
+
+  def precompile(self, params: Any, max_rows: int = PRECOMPILE_ROWS,
+                 max_length: int = PRECOMPILE_LENGTH) -> int:
+    """Makes (compiles, or loads from the store) the decoding programs of every batch that a
+    job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
+    each batch size from 8 (the fewest rows a batch has) to `max_rows` at each length of the
+    grid up to `max_length`, through every cache stage. A later translator with the same
+    store then translates such a job, or a line typed at a terminal, without compiling.
+    Returns the number of batch shapes."""
+    lengths = [n for n in data_lib.length_grid(1, self.max_input_len, self.length_growth)
+               if n <= max_length]
+    sizes = [n for n in batch_sizes(self.tokens_per_batch) if _MIN_ROWS <= n <= max_rows]
+    shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= self.tokens_per_batch]
+    extra = {'every_stage': True} if self.compact else {}
+
+    def make(i: int) -> Optional[np.ndarray]:
+      if self.store is not None and not self.store.writable:
+        return None  # nothing would be kept: decode.py says so once the calls end
+      rows, n = shapes[i]
+      segments = np.zeros((rows, n), np.int32)
+      segments[:, 0] = 1  # a source of EOS alone: only the shape matters
+      src = np.where(segments > 0, self.src_tok.eos_id, self.src_tok.pad_id).astype(np.int32)
+      return self._batch(params, src, segments, i, **extra)
+    with contextlib.closing(_in_order(make, len(shapes), self.concurrent_batches)) as made:
+      for _ in made:
+        pass
+    return len(shapes)
 
   def hypotheses(self, params: Any, lines: Sequence[str],
                  progress: Optional[Callable[[int], None]] = None,
