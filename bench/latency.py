@@ -7,7 +7,8 @@ from its start to its exit (wall, user + system CPU, peak resident memory):
 - decode.py on a cold workdir: no stored programs, no compile cache (everything compiled);
 - decode.py warm: again, calling the programs the cold run stored in WORKDIR/programs;
 - with --precompiled_from FILE (e.g. the validation set): decode.py on a workdir holding only
-  the programs `decode.py --precompile --input FILE` stored, as recipe.py leaves a workdir;
+  the programs `decode.py --precompile --input FILE` stored (small jobs' and FILE's; recipe.py
+  leaves FILE's alone);
 - decode.py --noprograms, warm JAX compile cache (how decode.py worked before the store):
   every program traced again and looked up in the cache;
 - CTranslate2: a process that imports ctranslate2 and sentencepiece, loads the exported model,
@@ -43,7 +44,7 @@ _CONCURRENT = flags.DEFINE_integer('concurrent_batches', None, "decode.py's --co
                                    '(default: its own, 2 on a CPU).')
 _PRECOMPILED = flags.DEFINE_string(
     'precompiled_from', None, 'Also time decode.py on a workdir whose programs `decode.py '
-    '--precompile --input FILE` stored: what recipe.py leaves from the validation set.')
+    '--precompile --input FILE` stored (e.g. the validation set).')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/latency.py section.')
 
@@ -152,8 +153,8 @@ def main(argv):
                                         str(decode.alpha), str(decode.max_extra_len)])]
     if seed is not None:  # a copy of the precompiled programs, which the timed run adds to
       shutil.copytree(seed / 'programs', (after := scratch_workdir(workdir)) / 'programs')
-      jobs.insert(2, (f'decode.py, programs stored from {pathlib.Path(_PRECOMPILED.value).name}',
-                      _decode_args(after, source) + ['--output', str(ours)]))
+      seeded = f'decode.py, after --precompile --input {pathlib.Path(_PRECOMPILED.value).name}'
+      jobs.insert(2, (seeded, _decode_args(after, source) + ['--output', str(ours)]))
       scratch_dirs.append(after)
     scratch_dirs.append(work)
     cold = None
