@@ -14,7 +14,9 @@ input (text: "logprob<TAB>score" per line; jsonl: the same object with that one 
 interrupted run from OUTPUT.partial.
 
 The compiled programs are kept in WORKDIR/programs, so a later run with the same settings
-starts without compiling (decoding/programs.py); --precompile --input FILE only fills it.
+starts without compiling (decoding/programs.py); --precompile only fills it: with the
+programs of small jobs (--precompile_rows, --precompile_length), then those FILE's batches
+need with --input FILE.
 """
 
 import contextlib

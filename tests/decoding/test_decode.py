@@ -105,7 +105,8 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   shutil.rmtree(cache, ignore_errors=True)
   flags = ('--workdir', str(tiny_workdir), '--beam_size', '1', '--max_extra_len', '4')
   stdin = '\n'.join(test_lines[:2]) + '\n\n'
-  first = run_decode(*flags, '--precompile', '--precompile_rows', '0', stdin=stdin)  # the input's only
+  # compiles and stores the input's programs (no small-job programs), writes nothing
+  first = run_decode(*flags, '--precompile', '--precompile_rows', '0', stdin=stdin)
   assert first.returncode == 0 and first.stdout == '', first.stderr[-3000:]
   stored = sorted(p.name for p in programs.glob('*/*.program'))
   assert any(name.startswith('advance-') for name in stored), stored  # search steps
