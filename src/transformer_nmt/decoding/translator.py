@@ -210,7 +210,7 @@ def _in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[An
     pool.shutdown(wait=True)
 
 
-# Fewest rows in a batch: fewer cost about as much (CompactingTranslate's min_rows).
+# Fewest rows in a batch, also after compaction: fewer cost about as much.
 _MIN_ROWS = 8
 
 
@@ -281,7 +281,7 @@ class Translator:
         models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache,
         tokens=(tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)))
     if self.compact:
-      self._translate = CompactingTranslate(cfg, **search, store=self.store)
+      self._translate = CompactingTranslate(cfg, **search, min_rows=_MIN_ROWS, store=self.store)
     else:
       self._translate = StoredJit(functools.partial(translate, cfg, cache_mode=cache_mode,
                                                     grow_cache=grow_cache, **search),
