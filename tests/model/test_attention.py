@@ -85,6 +85,29 @@ def test_kv_cache_appends_in_order():
   np.testing.assert_array_equal(grown.resize(2).v[0, 0, :, 0], [-1, -2])
 
 
+
+def test_bfloat16_kv_cache_keeps_bit_patterns_and_attends_as_bfloat16():
+  """A bfloat16 cache stores uint16 bit patterns (XLA CPU would carry bfloat16 through the
+  decoding loop as float32 copies); its attention equals the reference on bfloat16-rounded
+  keys and values, and its output comes back in bfloat16."""
+  rng = np.random.default_rng(0)
+  n, h, d = 2, 2, 4
+  keys, values = (rng.normal(size=(n, 3, h, d)).astype(np.float32) for _ in range(2))
+  cache = attention.KVCache.zeros(n, 4, h, d, jnp.bfloat16)
+  assert cache.k.dtype == cache.v.dtype == jnp.uint16
+  for t in range(3):
+    cache = cache.append(jnp.asarray(keys[:, t:t + 1]), jnp.asarray(values[:, t:t + 1]))
+  q = jnp.asarray(rng.normal(size=(n, 1, h, d)), jnp.bfloat16)
+  out = cache.attend(cache.attention_weights(q))
+  assert out.dtype == jnp.bfloat16
+  as_bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32)  # noqa: E731
+  mask = np.ones((n, 1, 1, 3), bool)
+  expected = _numpy_attention(np.asarray(q, np.float32), as_bf16(keys), as_bf16(values), mask)
+  np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=1e-2, atol=1e-2)
+  np.testing.assert_array_equal(  # the stored bits are exactly the bfloat16 keys
+      np.asarray(jax.lax.bitcast_convert_type(cache.k[..., :3], jnp.bfloat16), np.float32),
+      as_bf16(keys).transpose(0, 2, 3, 1))
+
 def test_multi_head_attention_projections_and_shape():
   cfg = ModelConfig(d_model=16, num_heads=4, d_ff=32, num_layers=1, vocab_size=8)
   mha = attention.MultiHeadAttention(cfg)

@@ -25,7 +25,7 @@ from transformer_nmt.config import (
 )
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.decoding import snapshots
+from transformer_nmt.decoding import heap, snapshots
 from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.ensemble import Models
@@ -266,8 +266,9 @@ class Translator:
     if concurrent_batches < 0:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
+    self._host_state = jax.default_backend() == 'cpu'
     self.concurrent_batches = concurrent_batches or (
-        min(2, os.cpu_count() or 1) if jax.default_backend() == 'cpu' else 1)
+        min(2, os.cpu_count() or 1) if self._host_state else 1)
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if d.temperature > 0 else None
@@ -336,7 +337,10 @@ class Translator:
     """Output ids [rows, (N,) L] of the padded batch src [rows, S] (batch `index` of a call,
     which picks its sampling draws)."""
     rng = None if self._rng is None else jax.random.fold_in(self._rng, index)
-    return np.asarray(self._translate(params, src, segments, rng=rng, **extra))
+    ids = np.asarray(self._translate(params, src, segments, rng=rng, **extra))
+    if self._host_state:  # the batch's state, freed by now, was host memory (heap.py)
+      heap.release_free_memory()
+    return ids
 
   def precompile(self, params: Any, max_rows: int = PRECOMPILE_ROWS,
                  max_length: int = PRECOMPILE_LENGTH) -> int:

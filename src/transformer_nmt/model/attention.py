@@ -107,6 +107,12 @@ class KVCache:
   position to write. In this layout one query's attention reduces over a non-minor axis and
   vectorises along the cache: about 6x faster on XLA CPU than a [B, L_max, H, Dh] cache with
   32 positions (bench/micro.py).
+
+  A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`): XLA CPU carries
+  a bfloat16 array through a decoding loop as a float32 copy (it widens the gathers that
+  reorder the beams), so each chunk of steps held every layer's keys and values twice over in
+  float32; integers it leaves alone. Same values, same outputs; 1000 lines of test2016 peaked
+  about 0.1 GB lower (bench/RESULTS.md).
   """
 
   k: jax.Array
@@ -116,8 +122,9 @@ class KVCache:
   @classmethod
   def zeros(cls, batch: int, max_len: int, num_heads: int, head_dim: int,
             dtype: jnp.dtype = jnp.float32) -> KVCache:
-    return cls(jnp.zeros((batch, num_heads, head_dim, max_len), dtype),
-               jnp.zeros((batch, num_heads, max_len, head_dim), dtype), jnp.zeros((), jnp.int32))
+    stored = stored_dtype(dtype)
+    return cls(jnp.zeros((batch, num_heads, head_dim, max_len), stored),
+               jnp.zeros((batch, num_heads, max_len, head_dim), stored), jnp.zeros((), jnp.int32))
 
   @property
   def length(self) -> int:
@@ -125,8 +132,8 @@ class KVCache:
 
   def append(self, k: jax.Array, v: jax.Array) -> KVCache:
     """Writes k, v: [B, 1, H, Dh] at `index` and advances it."""
-    k_t = jnp.transpose(k, (0, 2, 3, 1)).astype(self.k.dtype)  # [B, H, Dh, 1]
-    v_t = jnp.swapaxes(v, 1, 2).astype(self.v.dtype)  # [B, H, 1, Dh]
+    k_t = _to_stored(jnp.transpose(k, (0, 2, 3, 1)), self.k.dtype)  # [B, H, Dh, 1]
+    v_t = _to_stored(jnp.swapaxes(v, 1, 2), self.v.dtype)  # [B, H, 1, Dh]
     return KVCache(jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=3),
                    jax.lax.dynamic_update_slice_in_dim(self.v, v_t, self.index, axis=2),
                    self.index + 1)
@@ -148,13 +155,34 @@ class KVCache:
     """Eq. 1's weights of one query per row over the positions written: q [B, 1, H, Dh] ->
     float32 [B, H, 1, L_max] (zero at unwritten positions)."""
     q = q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5  # [B, H, Dh]
-    logits = jnp.einsum('bhd,bhdl->bhl', q, self.k.astype(jnp.float32))[:, :, None]
+    logits = jnp.einsum('bhd,bhdl->bhl', q, _float32(self.k))[:, :, None]
     return _masked_softmax(logits, self.valid_mask())
 
   def attend(self, probs: jax.Array) -> jax.Array:
     """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]."""
-    out = jnp.sum(probs[:, :, 0, :, None] * self.v.astype(jnp.float32), axis=2)  # [B, H, Dh]
-    return out[:, None].astype(self.v.dtype)
+    out = jnp.sum(probs[:, :, 0, :, None] * _float32(self.v), axis=2)  # [B, H, Dh]
+    return out[:, None].astype(compute_dtype(self.v.dtype))
+
+
+def stored_dtype(dtype: jnp.dtype) -> jnp.dtype:
+  """The dtype a KVCache keeps values of `dtype` in: uint16 bit patterns for bfloat16."""
+  return jnp.dtype(jnp.uint16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype)
+
+
+def compute_dtype(stored: jnp.dtype) -> jnp.dtype:
+  """The dtype of the values a KVCache array of dtype `stored` holds."""
+  return jnp.dtype(jnp.bfloat16) if jnp.dtype(stored) == jnp.uint16 else jnp.dtype(stored)
+
+
+def _to_stored(x: jax.Array, stored: jnp.dtype) -> jax.Array:
+  x = x.astype(compute_dtype(stored))
+  return jax.lax.bitcast_convert_type(x, stored) if x.dtype != stored else x
+
+
+def _float32(x: jax.Array) -> jax.Array:
+  """A KVCache array's values in float32."""
+  values = compute_dtype(x.dtype)
+  return (jax.lax.bitcast_convert_type(x, values) if x.dtype != values else x).astype(jnp.float32)
 
 
 def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> Dense:
