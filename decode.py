@@ -313,7 +313,9 @@ def run() -> None:
   model = load_ensemble(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value,
                         _EMA.value, snapshot=_PROGRAMS.value)
   decode = _settings(model.decode)
-  model = dataclasses.replace(model, cfg=ensemble.with_dtype(model.cfg, _DTYPE.value))
+  cfg = ensemble.with_dtype(model.cfg, _DTYPE.value)
+  model = dataclasses.replace(model, cfg=cfg,
+                              params=ensemble.kernels_as_computed(cfg, model.params))
   print(_header(model, decode), file=sys.stderr)
   if _N_BEST.value > decode.beam_size:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
