@@ -70,8 +70,9 @@ _CHUNK = flags.DEFINE_integer('chunk', None, 'Decoding steps between checks for 
                               'sentences (and, with --compact, between compactions).' +
                               _RUN.format('chunk', DECODE.chunk))
 _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision '
-                           '(activations, products, caches; parameters are kept in float32 and '
-                           'cast); outputs differ between the two. bfloat16 beam search was '
+                           '(activations, products, caches; the Dense kernels are cast to it once '
+                           'at load, the other parameters stay float32); outputs differ between '
+                           'the two. bfloat16 beam search was '
                            '1.28x as fast as float32 on a CPU with bfloat16 matrix units (Intel '
                            'AMX; bench/RESULTS.md; not measured on CPUs without them). Default: '
                            "the run's model.dtype.")
@@ -314,6 +315,8 @@ def run() -> None:
                         _EMA.value, snapshot=_PROGRAMS.value)
   decode = _settings(model.decode)
   cfg = ensemble.with_dtype(model.cfg, _DTYPE.value)
+  # The kernels as the programs take them (Translator.as_computed), in place of the float32
+  # ones: only one copy stays in memory.
   model = dataclasses.replace(model, cfg=cfg,
                               params=ensemble.kernels_as_computed(cfg, model.params))
   print(_header(model, decode), file=sys.stderr)

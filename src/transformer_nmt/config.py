@@ -43,7 +43,7 @@ class ModelConfig:
   positional_encoding: str = 'interleaved'  # paper's sin/cos interleaving, or 'concat'
   share_embeddings: bool = True  # one source/target embedding over a joint vocabulary
   tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
-  dtype: str = 'float32'  # compute dtype; parameters always stay float32
+  dtype: str = 'float32'  # compute dtype; trained parameters stay float32
   float32_logits: bool = True  # bfloat16 mode: False rounds the logits to bfloat16 (memory)
   remat: bool = False  # recompute each layer's activations in the backward pass (memory)
 

@@ -33,7 +33,6 @@ def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
                                  atol=1e-4)
 
 
-
 def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
   """decode.py hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed): the
   same hypotheses and scores as the float32 kernels each Dense casts itself; a float32 model

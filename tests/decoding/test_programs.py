@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.config import DecodeConfig
+from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
 from transformer_nmt.decoding.translator import Translator
 
@@ -65,6 +66,21 @@ def test_a_second_translator_loads_every_program_and_compiles_none(loaded, lines
   plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, SETTINGS)  # jax.jit only
   assert plain.store is None and plain.translate_lines(loaded.params, lines) == out
 
+
+
+def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_path, compiles):
+  """A bfloat16 model's programs take its Dense kernels in bfloat16 whoever calls them:
+  programs stored by a translation given the float32 parameters (recipe.py) serve one given
+  the kernels cast ahead (decode.py), with nothing compiled."""
+  cfg = ensemble.with_dtype(loaded.cfg, 'bfloat16')
+  make = lambda: Translator(cfg, loaded.src_tok, loaded.tgt_tok, SETTINGS,  # noqa: E731
+                            programs=tmp_path)
+  out = make().translate_lines(loaded.params, lines[:3])
+  again = make()
+  with compiles:
+    assert again.translate_lines(ensemble.kernels_as_computed(cfg, loaded.params),
+                                 lines[:3]) == out
+  assert compiles.count == 0 and again.store.loaded > 0
 
 def test_other_settings_get_their_own_programs_with_a_notice(loaded, lines, stored, caplog):
   directory, _, saved = stored

@@ -85,7 +85,6 @@ def test_kv_cache_appends_in_order():
   np.testing.assert_array_equal(grown.resize(2).v[0, 0, :, 0], [-1, -2])
 
 
-
 def test_bfloat16_kv_cache_keeps_bit_patterns_and_attends_as_bfloat16():
   """A bfloat16 cache stores uint16 bit patterns (XLA CPU would carry bfloat16 through the
   decoding loop as float32 copies); its attention equals the reference on bfloat16-rounded

@@ -34,24 +34,31 @@ def with_dtype(cfg: Models, dtype: Optional[str]) -> Models:
   return tuple(dataclasses.replace(c, dtype=dtype) for c in cfg)
 
 
-
 def kernels_as_computed(cfg: Models, params: Any) -> Any:
-  """The parameters with every Dense kernel already in its model's compute dtype, on the
-  device; the same outputs, since a bfloat16 Dense casts its float32 kernel at every call
-  (precision.mixed_matmul). Decoding programs otherwise copy the kernels into bfloat16 at
-  every call, in buffers of their own: 10 lines of test2016 peaked at 0.45 GB instead of
-  0.49-0.50 GB (bench/RESULTS.md). Cast in numpy, so that no program compiles for it.
-  Embeddings, norms and biases stay in float32, as the model reads them."""
+  """The parameters with every Dense kernel in its model's compute dtype, as the decoding
+  programs take them (Translator.as_computed); the same outputs, since a bfloat16 Dense casts
+  its float32 kernel at every call (precision.mixed_matmul), so the cast only moves out of the
+  programs: they no longer copy the kernels at every call. 10 lines of test2016 peaked at 0.45
+  GB instead of 0.49-0.50 GB; no difference measurable at 1000 lines (bench/RESULTS.md). Cast
+  in numpy and put on the device, so that no program compiles for it; parameters with
+  nothing to cast (a float32 model, kernels already cast) come back as they are. Embeddings,
+  norms and biases stay in float32, as the model reads them."""
   if not isinstance(cfg, ModelConfig):
-    return tuple(kernels_as_computed(c, p) for c, p in zip(cfg, params))
+    return tuple(kernels_as_computed(c, p) for c, p in zip(cfg, params, strict=True))
   dtype = jnp.dtype(cfg.dtype)
-  if dtype == jnp.float32:
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  if all(np.dtype(x.dtype) == dtype for path, x in leaves if _is_kernel(path)):
     return params
 
   def cast(path: tuple, x: Any) -> Any:
-    return (np.asarray(x).astype(dtype) if getattr(path[-1], 'key', None) == 'kernel'
-            else x)
+    return np.asarray(x).astype(dtype) if _is_kernel(path) else x
   return jax.device_put(jax.tree_util.tree_map_with_path(cast, params))
+
+
+def _is_kernel(path: tuple) -> bool:
+  """Whether a parameter tree path ends at a Dense kernel (precision.Dense's 'kernel')."""
+  return getattr(path[-1], 'key', None) == 'kernel'
+
 
 @flax.struct.dataclass
 class EnsembleCache:

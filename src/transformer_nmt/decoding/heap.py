@@ -17,12 +17,15 @@ from typing import Callable, Optional
 
 @functools.cache
 def _malloc_trim() -> Optional[Callable[[int], int]]:
-  """glibc's malloc_trim, or None on a C library without it (macOS, musl)."""
+  """glibc's malloc_trim, or None on a C library without it (macOS, musl, Windows)."""
   name = ctypes.util.find_library('c')
   try:
-    return getattr(ctypes.CDLL(name), 'malloc_trim', None) if name else None
+    trim = getattr(ctypes.CDLL(name), 'malloc_trim', None) if name else None
   except OSError:
     return None
+  if trim is not None:
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+  return trim
 
 
 def release_free_memory() -> bool:

@@ -25,7 +25,7 @@ from transformer_nmt.config import (
 )
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.decoding import heap, snapshots
+from transformer_nmt.decoding import ensemble, heap, snapshots
 from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.ensemble import Models
@@ -267,6 +267,8 @@ class Translator:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
     self._host_state = jax.default_backend() == 'cpu'
+    self.cfg = cfg
+    self._computed: tuple[Any, Any] = (None, None)  # (params given, kernels_as_computed)
     self.concurrent_batches = concurrent_batches or (
         min(2, os.cpu_count() or 1) if self._host_state else 1)
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
@@ -305,6 +307,7 @@ class Translator:
     out: list[list[np.ndarray]] = [[np.zeros(0, np.int32)]] * len(rows)
     if not rows:
       return out
+    params = self.as_computed(params)
     lengths = np.array([len(r) for r in rows])
     boundaries = data_lib.length_grid(int(lengths.max()), self.max_input_len, self.length_growth)
     # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
@@ -332,6 +335,16 @@ class Translator:
           progress(len(plan.examples))
     return out
 
+  def as_computed(self, params: Any) -> Any:
+    """The parameters as every decoding program takes them: Dense kernels in the compute
+    dtype (ensemble.kernels_as_computed), so that stored programs serve every caller alike.
+    The cast of the last parameters given is kept; already cast ones pass unchanged."""
+    given, cast = self._computed
+    if params is not given:
+      cast = ensemble.kernels_as_computed(self.cfg, params)
+      self._computed = (params, cast)
+    return cast
+
   def _batch(self, params: Any, src: np.ndarray, segments: np.ndarray, index: int,
              **extra: Any) -> np.ndarray:
     """Output ids [rows, (N,) L] of the padded batch src [rows, S] (batch `index` of a call,
@@ -350,6 +363,7 @@ class Translator:
     grid up to `max_length`, through every cache stage. A later translator with the same
     store then translates such a job, or a line typed at a terminal, without compiling.
     Returns the number of batch shapes."""
+    params = self.as_computed(params)
     lengths = [n for n in data_lib.length_grid(1, self.max_input_len, self.length_growth)
                if n <= max_length]
     sizes = [n for n in batch_sizes(self.tokens_per_batch) if _MIN_ROWS <= n <= max_rows]
@@ -383,7 +397,7 @@ class Translator:
     found = self._search(params, rows, progress, self._prefix_ids(prefixes, owner))
     pairs = [(rows[p], h) for p, hyps in enumerate(found) for h in hyps]
     eos = np.array([self.tgt_tok.eos_id], np.int32)
-    scored = iter(self.scorer.score_ids(params, [s for s, _ in pairs],
+    scored = iter(self.scorer.score_ids(self.as_computed(params), [s for s, _ in pairs],
                                         [np.concatenate([h, eos]) for _, h in pairs]))
     result: list[tuple[list[str], list[Hypothesis]]] = [([], []) for _ in lines]
     for p, hyps in enumerate(found):
@@ -406,7 +420,8 @@ class Translator:
            for ids in self.src_tok.encode(sources)]
     tgt = [np.array(ids, np.int32) for ids in self.tgt_tok.encode(targets)]
     eos = np.array([self.tgt_tok.eos_id], np.int32)
-    scored = self.scorer.score_ids(params, src, [np.concatenate([t, eos]) for t in tgt])
+    scored = self.scorer.score_ids(self.as_computed(params), src,
+                                   [np.concatenate([t, eos]) for t in tgt])
     return [(self.src_tok.pieces(s.tolist()), self._hypothesis(t, sc, text))
             for s, t, sc, text in zip(src, tgt, scored, targets)]
 

@@ -108,11 +108,13 @@ class KVCache:
   vectorises along the cache: about 6x faster on XLA CPU than a [B, L_max, H, Dh] cache with
   32 positions (bench/micro.py).
 
-  A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`): XLA CPU carries
-  a bfloat16 array through a decoding loop as a float32 copy (it widens the gathers that
-  reorder the beams), so each chunk of steps held every layer's keys and values twice over in
-  float32; integers it leaves alone. Same values, same outputs; 1000 lines of test2016 peaked
-  about 0.1 GB lower (bench/RESULTS.md).
+  A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`; `k` and `v` are
+  then bits, read as values by `attention_weights` and `attend`): XLA CPU carries a bfloat16
+  array through a decoding loop as a float32 copy (it widens the gathers that reorder the
+  beams), so each chunk of steps held every layer's keys and values in float32 as well, at
+  twice their bytes; integers it leaves alone. Same values, same outputs; 1000 lines of
+  test2016 peaked about 0.1 GB lower (bench/RESULTS.md; measured on a CPU only, and the
+  bitcasts cost nothing elsewhere).
   """
 
   k: jax.Array
@@ -161,7 +163,7 @@ class KVCache:
   def attend(self, probs: jax.Array) -> jax.Array:
     """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]."""
     out = jnp.sum(probs[:, :, 0, :, None] * _float32(self.v), axis=2)  # [B, H, Dh]
-    return out[:, None].astype(compute_dtype(self.v.dtype))
+    return out[:, None].astype(value_dtype(self.v.dtype))
 
 
 def stored_dtype(dtype: jnp.dtype) -> jnp.dtype:
@@ -169,19 +171,20 @@ def stored_dtype(dtype: jnp.dtype) -> jnp.dtype:
   return jnp.dtype(jnp.uint16) if jnp.dtype(dtype) == jnp.bfloat16 else jnp.dtype(dtype)
 
 
-def compute_dtype(stored: jnp.dtype) -> jnp.dtype:
+def value_dtype(stored: jnp.dtype) -> jnp.dtype:
   """The dtype of the values a KVCache array of dtype `stored` holds."""
   return jnp.dtype(jnp.bfloat16) if jnp.dtype(stored) == jnp.uint16 else jnp.dtype(stored)
 
 
 def _to_stored(x: jax.Array, stored: jnp.dtype) -> jax.Array:
-  x = x.astype(compute_dtype(stored))
+  """x rounded to the values a KVCache array of dtype `stored` holds, in that dtype."""
+  x = x.astype(value_dtype(stored))
   return jax.lax.bitcast_convert_type(x, stored) if x.dtype != stored else x
 
 
 def _float32(x: jax.Array) -> jax.Array:
   """A KVCache array's values in float32."""
-  values = compute_dtype(x.dtype)
+  values = value_dtype(x.dtype)
   return (jax.lax.bitcast_convert_type(x, values) if x.dtype != values else x).astype(jnp.float32)
 
 
