@@ -40,15 +40,20 @@ def kernels_as_computed(cfg: Models, params: Any) -> Any:
   its float32 kernel at every call (precision.mixed_matmul), so the cast only moves out of the
   programs: they no longer copy the kernels at every call. 10 lines of test2016 peaked at 0.45
   GB instead of 0.49-0.50 GB; no difference measurable at 1000 lines (bench/RESULTS.md). Cast
-  in numpy and put on the device, so that no program compiles for it; parameters with
-  nothing to cast (a float32 model, kernels already cast) come back as they are. Embeddings,
-  norms and biases stay in float32, as the model reads them."""
+  in numpy and put on the device, so that no program compiles for it (a tree of
+  ShapeDtypeStructs gets the kernels' new dtype). Parameters with nothing to cast (a float32
+  model, kernels already cast) come back as they are. Embeddings, norms and biases stay in
+  float32, as the model reads them."""
   if not isinstance(cfg, ModelConfig):
     return tuple(kernels_as_computed(c, p) for c, p in zip(cfg, params, strict=True))
   dtype = jnp.dtype(cfg.dtype)
   leaves = jax.tree_util.tree_leaves_with_path(params)
   if all(np.dtype(x.dtype) == dtype for path, x in leaves if _is_kernel(path)):
     return params
+  if any(isinstance(x, jax.ShapeDtypeStruct) for _, x in leaves):  # shapes only (aot.py)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+        if _is_kernel(path) else x, params)
 
   def cast(path: tuple, x: Any) -> Any:
     return np.asarray(x).astype(dtype) if _is_kernel(path) else x
