@@ -34,9 +34,9 @@ def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
 
 
 def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
-  """decode.py hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed): the
-  same hypotheses and scores as the float32 kernels each Dense casts itself; a float32 model
-  keeps its parameters."""
+  """A Translator hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed):
+  the same hypotheses and scores as the float32 kernels each Dense casts itself; a float32
+  model keeps its parameters."""
   assert ensemble.kernels_as_computed(loaded.cfg, loaded.params) is loaded.params
   cfg = ensemble.with_dtype(loaded.cfg, 'bfloat16')
   cast = ensemble.kernels_as_computed(cfg, loaded.params)
@@ -44,12 +44,15 @@ def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
             for path, x in jax.tree_util.tree_leaves_with_path(cast)}
   assert {d for k, d in dtypes.items() if k.endswith("['kernel']")} == {jnp.dtype(jnp.bfloat16)}
   assert {d for k, d in dtypes.items() if not k.endswith("['kernel']")} == {jnp.dtype(jnp.float32)}
-  translator = Translator(cfg, loaded.src_tok, loaded.tgt_tok,
-                          DecodeConfig(beam_size=2, max_extra_len=6), n_best=2)
-  expected = translator.hypotheses(loaded.params, lines[:3])
-  for (_, mine), (_, theirs) in zip(translator.hypotheses(cast, lines[:3]), expected):
+  make = lambda: Translator(cfg, loaded.src_tok, loaded.tgt_tok,  # noqa: E731
+                            DecodeConfig(beam_size=2, max_extra_len=6), n_best=2)
+  inside = make()
+  inside.as_computed = lambda params: params  # float32 kernels, cast inside every program
+  expected = inside.hypotheses(loaded.params, lines[:3])
+  for (_, mine), (_, theirs) in zip(make().hypotheses(loaded.params, lines[:3]), expected):
     assert [h.tokens for h in mine] == [h.tokens for h in theirs]
     assert [h.logprob for h in mine] == [h.logprob for h in theirs]
+
 
 def test_members_with_another_vocabulary_are_refused(loaded, monkeypatch):
   elsewhere = copy.copy(loaded.tgt_tok)  # another file: its fingerprint differs

@@ -67,7 +67,6 @@ def test_a_second_translator_loads_every_program_and_compiles_none(loaded, lines
   assert plain.store is None and plain.translate_lines(loaded.params, lines) == out
 
 
-
 def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_path, compiles):
   """A bfloat16 model's programs take its Dense kernels in bfloat16 whoever calls them:
   programs stored by a translation given the float32 parameters (recipe.py) serve one given
