@@ -56,6 +56,7 @@ VARIANTS = {  # name -> Translator options that differ from the default (plus th
     'cached (stop at K finished; chunks of 8)': dict(chunk=8, beam_stop='k_finished'),
     'cached (1 batch at a time)': dict(concurrent_batches=1),
     'cached bfloat16': dict(dtype='bfloat16'),
+    'cached float32': dict(dtype='float32'),
     'cached bfloat16 (stop at K finished)': dict(dtype='bfloat16', beam_stop='k_finished'),
     'one loop per batch': dict(compact=False, chunk=8),
     'one loop + full-length cache': dict(compact=False, chunk=8, grow_cache=False),

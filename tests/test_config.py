@@ -39,6 +39,7 @@ def _base():
     (lambda c: c.model.update(num_heads=7), 'not divisible'),
     (lambda c: c.model.update(attention_dropout=1.0), 'attention_dropout=1.0 must be in'),
     (lambda c: c.model.update(positional_encoding='learned'), 'positional_encoding'),
+    (lambda c: c.model.update(dropout_bits=8), 'model.dropout_bits=8 must be 16 or 32'),
     (lambda c: c.model.update(dtype='float16'), 'model.dtype'),
     (lambda c: c.train.update(num_steps=0), 'train.num_steps=0 must be positive'),
     (lambda c: c.data.update(tokens_per_batch=-5), 'data.tokens_per_batch=-5'),

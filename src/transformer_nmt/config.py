@@ -38,6 +38,9 @@ class ModelConfig:
   embedding_dropout: float = 0.1  # P_drop on embeddings + positions (§5.4)
   attention_dropout: float = 0.0  # on attention probabilities (tensor2tensor)
   relu_dropout: float = 0.0  # after the FFN's ReLU (tensor2tensor)
+  # Random bits per dropout draw: 16 (two draws per threefry word; keep probabilities in
+  # steps of 2^-16) or 32 (jax.random.bernoulli). model/dropout.py.
+  dropout_bits: int = 16
   norm_position: str = 'post'  # 'post': paper LayerNorm(x + Sublayer(x)); 'pre': t2t
   layer_norm_epsilon: float = 1e-6
   positional_encoding: str = 'interleaved'  # paper's sin/cos interleaving, or 'concat'
@@ -64,6 +67,8 @@ class ModelConfig:
     for name in ('residual_dropout', 'embedding_dropout', 'attention_dropout', 'relu_dropout'):
       rate = getattr(self, name)
       _check(0.0 <= rate < 1.0, f'model.{name}={rate} must be in [0, 1)')
+    _check(self.dropout_bits in (16, 32),
+           f'model.dropout_bits={self.dropout_bits} must be 16 or 32')
     _check(self.norm_position in ('post', 'pre'),
            f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
     _check(self.positional_encoding in ('interleaved', 'concat'),

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.model import one_step
+from transformer_nmt.model.dropout import dropout
 from transformer_nmt.model.precision import Dense
 
 # The one minus infinity: masked attention logits and impossible search scores. Finite, so
@@ -52,13 +53,12 @@ def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
 
 
 def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
-                    dropout_rate: float = 0.0) -> jax.Array:
+                    dropout_rate: float = 0.0, dropout_bits: int = 16) -> jax.Array:
   """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
-  (tensor2tensor's attention dropout) when `dropout_rng` is given. For T = 1, v may be
-  shared by groups of rows as in `attention_weights`."""
+  (tensor2tensor's attention dropout, drawn as model/dropout.py does) when `dropout_rng` is
+  given. For T = 1, v may be shared by groups of rows as in `attention_weights`."""
   if dropout_rng is not None and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    probs = dropout(dropout_rng, probs, dropout_rate, dropout_bits)
   if probs.shape[2] == 1:  # one decoding step, as in attention_weights
     return one_step.one_query_values(probs, v)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
@@ -66,20 +66,21 @@ def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
                           *, dropout_rng: Optional[jax.Array] = None,
-                          dropout_rate: float = 0.0) -> jax.Array:
+                          dropout_rate: float = 0.0, dropout_bits: int = 16) -> jax.Array:
   """Scaled dot-product attention, eq. 1: softmax(Q K^T / sqrt(d_k)) V with a boolean mask.
 
   Args:
     q: [B, T, H, Dh] queries; k, v: [B, S, H, Dh] keys and values.
     mask: bool, broadcastable to [B, H, T, S]; None means attend everywhere. Fully masked
       query rows return zeros.
-    dropout_rng, dropout_rate: optional dropout on the attention probabilities.
+    dropout_rng, dropout_rate, dropout_bits: optional dropout on the attention probabilities
+      (model/dropout.py).
 
   Returns:
     [B, T, H, Dh] attended values.
   """
   return apply_attention(attention_weights(q, k, mask), v, dropout_rng=dropout_rng,
-                         dropout_rate=dropout_rate)
+                         dropout_rate=dropout_rate, dropout_bits=dropout_bits)
 
 
 def causal_mask(length: int) -> jax.Array:
@@ -226,7 +227,8 @@ class MultiHeadAttention(nn.Module):
       rng = self.make_rng('dropout')
     probs = attention_weights(q, k, mask)
     self.sow('intermediates', 'attention_weights', probs)  # kept only if the caller asks
-    out = apply_attention(probs, v, dropout_rng=rng, dropout_rate=self.cfg.attention_dropout)
+    out = apply_attention(probs, v, dropout_rng=rng, dropout_rate=self.cfg.attention_dropout,
+                          dropout_bits=self.cfg.dropout_bits)
     return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,)))
 
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: Optional[jax.Array],

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.model.attention import xavier_dense
+from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.precision import mixed_matmul
 
 
@@ -108,5 +109,5 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """[B, L, D] -> [B, L, D]."""
     h = nn.relu(xavier_dense(self.cfg.d_ff, self.cfg, True, 'wi')(x))  # [B, L, F]
-    h = nn.Dropout(self.cfg.relu_dropout)(h, deterministic=deterministic)
+    h = Dropout(self.cfg.relu_dropout, self.cfg.dropout_bits)(h, deterministic=deterministic)
     return xavier_dense(self.cfg.d_model, self.cfg, True, 'wo')(h)

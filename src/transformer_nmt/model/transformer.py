@@ -22,6 +22,7 @@ from transformer_nmt.model.attention import (
   padding_mask,
   xavier_dense,
 )
+from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.layers import Embed, FeedForward, sinusoidal_positions
 
 
@@ -38,7 +39,7 @@ class _SublayerStack(nn.Module):
 
   def setup(self) -> None:
     self.norms = [_layer_norm(self.cfg) for _ in range(self.num_sublayers)]
-    self.dropout = nn.Dropout(self.cfg.residual_dropout)
+    self.dropout = Dropout(self.cfg.residual_dropout, self.cfg.dropout_bits)
 
   def residual(self, i: int, x: jax.Array, fn: Callable[[jax.Array], jax.Array],
                deterministic: bool) -> jax.Array:
@@ -170,7 +171,7 @@ class Transformer(nn.Module):
       self.decoder_norm = _layer_norm(cfg)
     if not cfg.tie_output:
       self.output = xavier_dense(cfg.vocab_size, cfg, False, 'output')
-    self.embed_dropout = nn.Dropout(cfg.embedding_dropout)
+    self.embed_dropout = Dropout(cfg.embedding_dropout, cfg.dropout_bits)
 
   def _embed(self, embed: Embed, ids: jax.Array, positions: Optional[jax.Array],
              deterministic: bool) -> jax.Array:

@@ -1,0 +1,97 @@
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_nmt.model import dropout as dropout_lib
+from transformer_nmt.model import layers, transformer
+from transformer_nmt.model.dropout import Dropout, dropout, keep_mask
+from transformer_nmt.model.transformer import Transformer, init_params
+
+
+def test_16_bit_draws_keep_the_rounded_probability_and_scale_by_it():
+  """Rate 0.1 keeps 58982 of every 65536 in expectation; kept elements are divided by
+  exactly that probability, so the mean is preserved."""
+  x = jnp.full((64, 24, 1023), 3.0)  # an odd last axis: its final word is used in half
+  y = np.asarray(dropout(jax.random.key(0), x, 0.1))
+  keep = 58982 / 65536
+  kept = y != 0
+  sigma = (keep * (1 - keep) / kept.size) ** 0.5
+  assert abs(kept.mean() - keep) < 5 * sigma, kept.mean()
+  np.testing.assert_array_equal(y[kept], np.float32(3.0 / keep))
+  # Each word's two draws decide neighbouring elements: they must agree no more often than
+  # independent draws would (rate 0.5: half the pairs agree).
+  half = np.asarray(keep_mask(jax.random.key(1), 0.5, (512, 512))[0])
+  agree = (half[:, 0::2] == half[:, 1::2]).mean()
+  assert abs(agree - 0.5) < 5 * (0.25 / half[:, 0::2].size) ** 0.5, agree
+
+
+def test_16_bit_masks_depend_on_the_key_alone():
+  a, p = keep_mask(jax.random.key(3), 0.3, (8, 5, 7))
+  b, _ = keep_mask(jax.random.key(3), 0.3, (8, 5, 7))
+  c, _ = keep_mask(jax.random.key(4), 0.3, (8, 5, 7))
+  assert a.shape == (8, 5, 7) and a.dtype == bool and p == 1 - 19661 / 65536
+  np.testing.assert_array_equal(a, b)
+  assert (np.asarray(a) != np.asarray(c)).any()
+  assert keep_mask(jax.random.key(0), 0.2, ())[0].shape == ()
+  assert keep_mask(jax.random.key(0), 0.2, (5,))[0].shape == (5,)
+
+
+def test_dtype_kept_and_edge_rates():
+  x = jnp.ones((4, 6), jnp.bfloat16)
+  assert dropout(jax.random.key(0), x, 0.2).dtype == jnp.bfloat16
+  np.testing.assert_array_equal(dropout(jax.random.key(0), x, 1.0), 0.0)
+  np.testing.assert_array_equal(dropout(jax.random.key(0), x, 0.0), x)
+  with pytest.raises(ValueError, match='bits=8'):
+    keep_mask(jax.random.key(0), 0.1, (4,), bits=8)
+
+
+@pytest.mark.parametrize('bits', [16, 32])
+def test_module_is_the_identity_when_deterministic_or_rate_0(bits):
+  x = jnp.arange(12.0).reshape(3, 4)
+  rngs = {'dropout': jax.random.key(0)}
+  np.testing.assert_array_equal(Dropout(0.5, bits).apply({}, x, True, rngs=rngs), x)
+  np.testing.assert_array_equal(Dropout(0.0, bits).apply({}, x, False, rngs=rngs), x)
+  assert (Dropout(0.5, bits).apply({}, x, False, rngs=rngs) != x).any()
+
+
+def test_32_bit_draws_are_flax_dropout():
+  x = jax.random.normal(jax.random.key(0), (16, 33))
+  rngs = {'dropout': jax.random.key(7)}
+  ours = Dropout(0.3, 32).apply({}, x, False, rngs=rngs)
+  flax_out = nn.Dropout(0.3).apply({}, x, False, rngs=rngs)
+  np.testing.assert_array_equal(ours, flax_out)
+
+
+def _flax_dropout(rate, bits=32):
+  """flax's nn.Dropout in place of ours (same module names, so the same rngs)."""
+  return nn.Dropout(rate)
+
+
+def _flax_mask(rng, rate, shape, bits=16):
+  return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
+
+
+def test_model_with_32_bit_draws_trains_as_with_flax_dropout(tiny_cfg, monkeypatch):
+  """model.dropout_bits=32 draws every mask of a training forward pass (residual,
+  embedding, ReLU and attention dropout) exactly as flax's nn.Dropout and
+  jax.random.bernoulli did: runs from before the 16-bit draws can be reproduced."""
+  cfg = dataclasses.replace(tiny_cfg, residual_dropout=0.2, embedding_dropout=0.1,
+                            attention_dropout=0.1, relu_dropout=0.3, dropout_bits=32)
+  params = init_params(cfg, jax.random.key(0))
+  src = jnp.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0]])
+  tgt = jnp.array([[1, 9, 10, 11], [1, 12, 13, 0]])
+
+  def logits(c):
+    return Transformer(c).apply({'params': params}, src, tgt, deterministic=False,
+                                rngs={'dropout': jax.random.key(5)})
+  ours = logits(cfg)
+  sixteen = logits(dataclasses.replace(cfg, dropout_bits=16))
+  monkeypatch.setattr(transformer, 'Dropout', _flax_dropout)
+  monkeypatch.setattr(layers, 'Dropout', _flax_dropout)
+  monkeypatch.setattr(dropout_lib, 'keep_mask', _flax_mask)
+  np.testing.assert_array_equal(ours, logits(cfg))
+  assert not np.allclose(sixteen, ours)  # the 16-bit draws are other masks
