@@ -1,7 +1,7 @@
 """Microbenchmarks behind the decoding and loss optimisations in bench/RESULTS.md: each case
 times the formulation the library used before against the one it uses now, side by side.
 
-  python bench/micro.py [--cases attention,cross,topk,candidates,loss,dpa]
+  python bench/micro.py [--cases attention,cross,topk,candidates,loss,dpa,dropout]
 
 Times are medians of jitted calls (inputs not donated), in ms.
 """
@@ -13,7 +13,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-_CASES = flags.DEFINE_list('cases', ['attention', 'cross', 'topk', 'candidates', 'loss', 'dpa'],
+_CASES = flags.DEFINE_list('cases', ['attention', 'cross', 'topk', 'candidates', 'loss', 'dpa',
+                                     'dropout'],
                            'Which comparisons to run.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/micro.py section.')
@@ -153,6 +154,27 @@ def dpa() -> None:
     grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2)))  # noqa: E731
     report(f'attention forward+backward [{b}, {t}, {h}, {d}] {dtype}', 'jax.nn',
            timed(grad(theirs), q, k, v), 'ours', timed(grad(ours), q, k, v))
+
+
+def dropout() -> None:
+  """A dropout mask and its use on a [64, 24, 1024] bfloat16 activation (the one-hour Multi30k
+  model's ReLU output), each of 10 masks from its own key, as in a training step."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_nmt.model.dropout import dropout as ours
+  x = jax.random.normal(jax.random.key(0), (64, 24, 1024)).astype(jnp.bfloat16)
+
+  def flax_like(rng, x, rate):  # nn.Dropout: a 32-bit float draw per element
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+  def ten(fn):
+    return jax.jit(lambda key, x: sum(fn(jax.random.fold_in(key, i), x, 0.1).astype(
+        jnp.float32).sum() for i in range(10)))
+  key = jax.random.key(1)
+  report('10 dropout masks on [64, 24, 1024] bfloat16', 'jax.random.bernoulli',
+         timed(ten(flax_like), key, x), '16-bit draws', timed(ten(ours), key, x))
 
 
 def main(argv):

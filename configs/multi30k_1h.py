@@ -11,7 +11,8 @@ On a 2-core CPU with bfloat16 matrix units (AMX) a step takes about 0.9 s, so 34
 an evaluation every 500 trained in 55 minutes (docs/RESULTS.md, where the sweeps behind these
 values are recorded, chosen on validation BLEU); recipe.py's selection and test decoding
 (about 5 minutes) come after the training hour. On a 2-core AMD EPYC without AMX the same
-steps took 66 minutes (about 15% fewer tokens a second; docs/RESULTS.md).
+steps took 66 minutes with dropout masks of 32-bit draws, and 59 minutes with the 16-bit
+draws that are now the default (model.dropout_bits; docs/RESULTS.md).
 """
 
 import ml_collections
