@@ -53,3 +53,28 @@ def test_atomic_output_replaces_only_on_success(tmp_path):
   assert os.listdir(tmp_path) == ['out.txt']
   write_atomically(path, b'\x00bytes')
   assert path.read_bytes() == b'\x00bytes' and oct(path.stat().st_mode & 0o777) == '0o644'
+
+
+def test_workdirs_from_before_an_option_resume_with_the_value_they_trained_with(tmp_path):
+  """A config.json written before model.dropout_bits (and remat, float32_logits) existed
+  describes a run with 32-bit dropout draws: train.py resumes it with dropout_bits=32 and
+  refuses the new default 16, naming both values; decode.py reads it as trained."""
+  import dataclasses
+
+  import ml_collections
+
+  from transformer_nmt.errors import ConfigError
+  from transformer_nmt.training.loop import _check_and_write_config
+  wd = Workdir(tmp_path)
+  model = ModelConfig(vocab_size=100, d_model=8, num_heads=2)
+  stored = dataclasses.asdict(model)
+  for added in ('dropout_bits', 'remat', 'float32_logits'):
+    del stored[added]
+  wd.config.write_text(json.dumps({'resolved_model': stored}), encoding='utf-8')
+  wd.checkpoints.mkdir()
+  assert wd.read_model_config() == dataclasses.replace(model, dropout_bits=32)
+  config = ml_collections.ConfigDict({'model': {'d_model': 8}})
+  with pytest.raises(ConfigError, match="dropout_bits 32 there, 16 now"):
+    _check_and_write_config(config, model, tmp_path, {})
+  _check_and_write_config(config, dataclasses.replace(model, dropout_bits=32), tmp_path, {})
+  assert wd.read_config()['resolved_model']['dropout_bits'] == 32

@@ -355,6 +355,17 @@ def validate_config(config: Mapping[str, Any]) -> Sections:
   return s
 
 
+# Model options added after workdirs had been written, at the values those workdirs trained
+# with: a config.json without the key describes a run that had that value.
+_MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 32}
+
+
+def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:
+  """A workdir's stored ModelConfig fields (config.json's resolved model) with the options
+  added since it was written at the values it trained with."""
+  return {**_MODEL_BEFORE_OPTION, **resolved}
+
+
 def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
   """A stored config (an older workdir's config.json) with moved options under their new
   names and retired ones dropped, so that it reads as a current one."""

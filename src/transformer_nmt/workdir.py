@@ -29,7 +29,7 @@ import os
 import pathlib
 from typing import Any, Iterator, Optional
 
-from transformer_nmt.config import ModelConfig, Sections, migrate, sections
+from transformer_nmt.config import ModelConfig, Sections, migrate, model_as_trained, sections
 from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 
@@ -175,7 +175,7 @@ class Workdir:
   def read_model_config(self) -> ModelConfig:
     """The model as trained (vocabulary sizes included)."""
     try:
-      return ModelConfig(**self.read_config()[RESOLVED_MODEL])
+      return ModelConfig(**model_as_trained(self.read_config()[RESOLVED_MODEL]))
     except (KeyError, TypeError) as e:
       raise DataError(f'{self.config} has no usable {RESOLVED_MODEL!r} entry ({e})') from None
 

@@ -29,6 +29,18 @@ def test_16_bit_draws_keep_the_rounded_probability_and_scale_by_it():
   assert abs(agree - 0.5) < 5 * (0.25 / half[:, 0::2].size) ** 0.5, agree
 
 
+def test_16_bit_draws_keep_where_a_half_word_reaches_the_rounded_threshold():
+  """The mask of an odd last axis against the halves of the key's 32-bit words: kept where
+  the half is >= round(0.1 * 65536) = 6554, the last word's second half unused."""
+  key = jax.random.key(2)
+  words = np.asarray(jax.random.bits(key, (3, 4), jnp.uint32))
+  halves = np.asarray(jax.lax.bitcast_convert_type(words, jnp.uint16)).reshape(3, 8)[:, :7]
+  mask, keep = keep_mask(key, 0.1, (3, 7))
+  np.testing.assert_array_equal(mask, halves >= 6554)
+  assert keep == 1 - 6554 / 65536
+  assert keep_mask(key, 0.1, (0, 5))[0].shape == (0, 5)  # an empty batch
+
+
 def test_16_bit_masks_depend_on_the_key_alone():
   a, p = keep_mask(jax.random.key(3), 0.3, (8, 5, 7))
   b, _ = keep_mask(jax.random.key(3), 0.3, (8, 5, 7))

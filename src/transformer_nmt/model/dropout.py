@@ -4,9 +4,11 @@
 generator, computes one word per element. On a 2-core CPU the dropout masks of the one-hour
 Multi30k model then took about 14% of a training step's op time (bench/RESULTS.md), more than
 the output projection. Two 16-bit draws per word make half the words; the keep probability is
-then a multiple of 2^-16 (rate 0.1 keeps 58982/65536 = 0.899994), and outputs are scaled by the
-inverse of that probability, so E[dropout(x)] = x exactly. `model.dropout_bits=32` keeps
-`jax.random.bernoulli` (flax's nn.Dropout), whose masks the runs before 2026-11-25 drew.
+then a multiple of 2^-16 (rate 0.1 keeps 58982/65536 = 0.899994; a rate below 2^-17 rounds to
+no dropout), and outputs are scaled by the inverse of that probability, so that
+E[dropout(x)] = x in exact arithmetic. `model.dropout_bits=32` keeps `jax.random.bernoulli`
+(flax's nn.Dropout), whose masks every run before commit 573bac2 of 2026-11-25 drew (all rows
+of docs/RESULTS.md before the first one that names `model.dropout_bits=16`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...],
   last = shape[-1] if shape else 1
   words = jax.random.bits(rng, tuple(shape[:-1]) + (-(-last // 2),), jnp.uint32)
   draws = jax.lax.bitcast_convert_type(words, jnp.uint16)  # [..., ceil(last / 2), 2]
-  draws = draws.reshape(draws.shape[:-2] + (-1,))[..., :last].reshape(shape)
+  draws = draws.reshape(draws.shape[:-2] + (2 * words.shape[-1],))[..., :last].reshape(shape)
   return draws >= threshold, 1.0 - threshold / 65536
 
 

@@ -17,7 +17,12 @@ import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import ModelConfig, model_config_from_dict, validate_config
+from transformer_nmt.config import (
+  ModelConfig,
+  model_as_trained,
+  model_config_from_dict,
+  validate_config,
+)
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError, DataError
@@ -105,11 +110,12 @@ def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelC
   wd.check_tokenizers(tokenizers)
   model = dataclasses.asdict(model_cfg)
   if wd.config.exists() and wd.checkpoints.exists():
-    old = wd.read_config().get(RESOLVED_MODEL, {})
+    old = model_as_trained(wd.read_config().get(RESOLVED_MODEL, {}))
     diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
     if diff:
-      raise ConfigError(f'{workdir} holds checkpoints of a different model (differs in {diff}); '
-                        'use a new --workdir')
+      values = ', '.join(f'{k} {old.get(k)!r} there, {model.get(k)!r} now' for k in diff)
+      raise ConfigError(f'{workdir} holds checkpoints of a different model ({values}); set '
+                        'model.* to match, or use a new --workdir')
   wd.write_config(config.to_dict(), model_cfg, tokenizers)
 
 
