@@ -38,6 +38,8 @@ def _base():
 @pytest.mark.parametrize('mutate, message', [
     (lambda c: c.model.update(num_heads=7), 'not divisible'),
     (lambda c: c.model.update(attention_dropout=1.0), 'attention_dropout=1.0 must be in'),
+    (lambda c: c.model.update(target_word_dropout=-0.1),
+     'model.target_word_dropout=-0.1 must be in'),
     (lambda c: c.model.update(positional_encoding='learned'), 'positional_encoding'),
     (lambda c: c.model.update(dropout_bits=8), 'model.dropout_bits=8 must be 16 or 32'),
     (lambda c: c.model.update(dtype='float16'), 'model.dtype'),

@@ -38,6 +38,11 @@ class ModelConfig:
   embedding_dropout: float = 0.1  # P_drop on embeddings + positions (§5.4)
   attention_dropout: float = 0.0  # on attention probabilities (tensor2tensor)
   relu_dropout: float = 0.0  # after the FFN's ReLU (tensor2tensor)
+  # Word dropout (Marian's --dropout-src/--dropout-trg; Sennrich et al. 2016): in training, each
+  # token's whole word embedding is zeroed with this probability (its position stays), so that
+  # the model learns not to lean on any one subword. 0 in the paper.
+  source_word_dropout: float = 0.0
+  target_word_dropout: float = 0.0
   # Random bits per dropout draw: 16 (two draws per threefry word; keep probabilities in
   # steps of 2^-16) or 32 (jax.random.bernoulli). model/dropout.py.
   dropout_bits: int = 16
@@ -64,7 +69,8 @@ class ModelConfig:
            'model.d_model, model.d_ff, model.num_layers and model.num_heads must be positive')
     _check(self.d_model % self.num_heads == 0,
            f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}')
-    for name in ('residual_dropout', 'embedding_dropout', 'attention_dropout', 'relu_dropout'):
+    for name in ('residual_dropout', 'embedding_dropout', 'attention_dropout', 'relu_dropout',
+                 'source_word_dropout', 'target_word_dropout'):
       rate = getattr(self, name)
       _check(0.0 <= rate < 1.0, f'model.{name}={rate} must be in [0, 1)')
     _check(self.dropout_bits in (16, 32),

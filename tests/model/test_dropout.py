@@ -70,17 +70,26 @@ def test_module_is_the_identity_when_deterministic_or_rate_0(bits):
   assert (Dropout(0.5, bits).apply({}, x, False, rngs=rngs) != x).any()
 
 
-def test_32_bit_draws_are_flax_dropout():
-  x = jax.random.normal(jax.random.key(0), (16, 33))
+@pytest.mark.parametrize('broadcast_dims', [(), (-1,), (0, 2)])
+def test_32_bit_draws_are_flax_dropout(broadcast_dims):
+  x = jax.random.normal(jax.random.key(0), (4, 16, 33))
   rngs = {'dropout': jax.random.key(7)}
-  ours = Dropout(0.3, 32).apply({}, x, False, rngs=rngs)
-  flax_out = nn.Dropout(0.3).apply({}, x, False, rngs=rngs)
+  ours = Dropout(0.3, 32, broadcast_dims).apply({}, x, False, rngs=rngs)
+  flax_out = nn.Dropout(0.3, broadcast_dims).apply({}, x, False, rngs=rngs)
   np.testing.assert_array_equal(ours, flax_out)
 
 
-def _flax_dropout(rate, bits=32):
+@pytest.mark.parametrize('bits', [16, 32])
+def test_broadcast_dims_share_one_draw(bits):
+  """Along broadcast_dims an element is dropped exactly when its neighbours are."""
+  y = np.asarray(dropout(jax.random.key(3), jnp.ones((8, 16, 5)), 0.5, bits, (-1,)))
+  assert ((y == 0).all(-1) | (y == 2.0).all(-1)).all()
+  assert 0 < (y == 0).mean() < 1
+
+
+def _flax_dropout(rate, bits=32, broadcast_dims=()):
   """flax's nn.Dropout in place of ours (same module names, so the same rngs)."""
-  return nn.Dropout(rate)
+  return nn.Dropout(rate, broadcast_dims)
 
 
 def _flax_mask(rng, rate, shape, bits=16):
@@ -89,10 +98,11 @@ def _flax_mask(rng, rate, shape, bits=16):
 
 def test_model_with_32_bit_draws_trains_as_with_flax_dropout(tiny_cfg, monkeypatch):
   """model.dropout_bits=32 draws every mask of a training forward pass (residual,
-  embedding, ReLU and attention dropout) exactly as flax's nn.Dropout and
+  embedding, ReLU, attention and word dropout) exactly as flax's nn.Dropout and
   jax.random.bernoulli did: runs from before the 16-bit draws can be reproduced."""
   cfg = dataclasses.replace(tiny_cfg, residual_dropout=0.2, embedding_dropout=0.1,
-                            attention_dropout=0.1, relu_dropout=0.3, dropout_bits=32)
+                            attention_dropout=0.1, relu_dropout=0.3, source_word_dropout=0.1,
+                            target_word_dropout=0.2, dropout_bits=32)
   params = init_params(cfg, jax.random.key(0))
   src = jnp.array([[3, 4, 5, 6, 2], [7, 8, 2, 0, 0]])
   tgt = jnp.array([[1, 9, 10, 11], [1, 12, 13, 0]])
@@ -107,3 +117,38 @@ def test_model_with_32_bit_draws_trains_as_with_flax_dropout(tiny_cfg, monkeypat
   monkeypatch.setattr(dropout_lib, 'keep_mask', _flax_mask)
   np.testing.assert_array_equal(ours, logits(cfg))
   assert not np.allclose(sixteen, ours)  # the 16-bit draws are other masks
+
+
+def _embeddings(cfg, params, ids, side, deterministic, rng=None):
+  """(word embeddings, positions, the model's embedded input [B, T, D]) of one side."""
+  def parts(m):
+    embed, words = ((m.src_embed, m.src_word_dropout) if side == 'src'
+                    else (m.tgt_embed, m.tgt_word_dropout))
+    raw = embed(ids)
+    return raw, m._embed(embed, words, ids, None, True) - raw, \
+        m._embed(embed, words, ids, None, deterministic)
+  return Transformer(cfg).apply({'params': params}, method=parts,
+                                rngs=None if rng is None else {'dropout': rng})
+
+
+@pytest.mark.parametrize('side', ['src', 'tgt'])
+def test_word_dropout_zeroes_whole_token_embeddings(tiny_cfg, side):
+  """model.source_word_dropout / target_word_dropout: in training each token's word embedding
+  is zeroed whole (its position stays) or kept and divided by the keep probability, about
+  `rate` of the tokens dropped; inference and the other side are untouched."""
+  rates = {'source_word_dropout': 0.5 if side == 'src' else 0.0,
+           'target_word_dropout': 0.5 if side == 'tgt' else 0.0}
+  cfg = dataclasses.replace(tiny_cfg, **rates)
+  params = init_params(cfg, jax.random.key(0))
+  ids = jax.random.randint(jax.random.key(1), (32, 16), 3, cfg.vocab_size)
+  words, positions, dropped = (np.asarray(x) for x in _embeddings(
+      cfg, params, ids, side, False, jax.random.key(2)))
+  gone = np.isclose(dropped, positions, atol=1e-6).all(-1)
+  kept = np.isclose(dropped, positions + 2.0 * words, atol=1e-5).all(-1)
+  assert (gone ^ kept).all()  # every token either dropped whole or kept whole
+  assert abs(gone.mean() - 0.5) < 5 * (0.25 / gone.size) ** 0.5, gone.mean()
+  np.testing.assert_array_equal(_embeddings(cfg, params, ids, side, True)[2],
+                                words + positions)
+  other = 'tgt' if side == 'src' else 'src'
+  np.testing.assert_array_equal(
+      _embeddings(cfg, params, ids, other, False, jax.random.key(2))[2], words + positions)

@@ -13,6 +13,8 @@ of docs/RESULTS.md before the first one that names `model.dropout_bits=16`).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -40,10 +42,15 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...],
   return draws >= threshold, 1.0 - threshold / 65536
 
 
-def dropout(rng: jax.Array, x: jax.Array, rate: float, bits: int = 16) -> jax.Array:
+def dropout(rng: jax.Array, x: jax.Array, rate: float, bits: int = 16,
+            broadcast_dims: Sequence[int] = ()) -> jax.Array:
   """x with each element zeroed with probability `rate` (as `keep_mask` rounds it) and the
-  rest divided by the probability of keeping them; same shape and dtype."""
-  keep, keep_prob = keep_mask(rng, rate, x.shape, bits)
+  rest divided by the probability of keeping them; same shape and dtype. Along
+  `broadcast_dims` one draw decides all elements (flax's nn.Dropout argument): (-1,) on
+  [B, T, D] embeddings drops whole tokens."""
+  shape = tuple(1 if i in {d % x.ndim for d in broadcast_dims} else n
+                for i, n in enumerate(x.shape))
+  keep, keep_prob = keep_mask(rng, rate, shape, bits)
   if keep_prob == 0.0:
     return jnp.zeros_like(x)
   return jnp.where(keep, x / keep_prob, 0).astype(x.dtype)
@@ -54,10 +61,11 @@ class Dropout(nn.Module):
 
   rate: float
   bits: int = 16
+  broadcast_dims: Sequence[int] = ()  # axes where one draw decides every element (`dropout`)
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """[...] -> [...]; the identity when `deterministic` or the rate is 0."""
     if deterministic or self.rate == 0.0:
       return x
-    return dropout(self.make_rng('dropout'), x, self.rate, self.bits)
+    return dropout(self.make_rng('dropout'), x, self.rate, self.bits, self.broadcast_dims)

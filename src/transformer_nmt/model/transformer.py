@@ -172,19 +172,24 @@ class Transformer(nn.Module):
     if not cfg.tie_output:
       self.output = xavier_dense(cfg.vocab_size, cfg, False, 'output')
     self.embed_dropout = Dropout(cfg.embedding_dropout, cfg.dropout_bits)
+    # Word dropout: one draw per token zeroes its whole embedding ([B, T, D], broadcast over D).
+    # Modules with rate 0 draw nothing, so the other masks stay those of runs without it.
+    self.src_word_dropout = Dropout(cfg.source_word_dropout, cfg.dropout_bits, (-1,))
+    self.tgt_word_dropout = Dropout(cfg.target_word_dropout, cfg.dropout_bits, (-1,))
 
-  def _embed(self, embed: Embed, ids: jax.Array, positions: Optional[jax.Array],
-             deterministic: bool) -> jax.Array:
+  def _embed(self, embed: Embed, word_dropout: Dropout, ids: jax.Array,
+             positions: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    """ids [B, T] -> dropout(word_dropout(embedding) + positions) [B, T, D]."""
     positions = _default_positions(ids) if positions is None else positions
-    x = embed(ids) + sinusoidal_positions(positions, self.cfg.d_model,
-                                          self.cfg.positional_encoding).astype(self.cfg.dtype)
+    x = word_dropout(embed(ids), deterministic) + sinusoidal_positions(
+        positions, self.cfg.d_model, self.cfg.positional_encoding).astype(self.cfg.dtype)
     return self.embed_dropout(x, deterministic)  # §5.4: dropout on embeddings + positions
 
   def encode(self, src: jax.Array, src_segments: Optional[jax.Array] = None,
              src_positions: Optional[jax.Array] = None, deterministic: bool = True) -> jax.Array:
     """src: [B, S] ids -> memory [B, S, D]."""
     mask = None if src_segments is None else padding_mask(src_segments, src_segments)
-    x = self._embed(self.src_embed, src, src_positions, deterministic)
+    x = self._embed(self.src_embed, self.src_word_dropout, src, src_positions, deterministic)
     for layer in self.encoder_layers:
       x = layer(x, mask, deterministic)
     return self.encoder_norm(x).astype(x.dtype) if self.cfg.norm_position == 'pre' else x
@@ -200,7 +205,7 @@ class Transformer(nn.Module):
     if src_segments is not None:
       q_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
       cross_mask = padding_mask(q_segments, src_segments)
-    y = self._embed(self.tgt_embed, tgt_in, tgt_positions, deterministic)
+    y = self._embed(self.tgt_embed, self.tgt_word_dropout, tgt_in, tgt_positions, deterministic)
     for layer in self.decoder_layers:
       y = layer(y, memory, self_mask, cross_mask, deterministic)
     return self._logits(y)
@@ -237,7 +242,8 @@ class Transformer(nn.Module):
     instead of read from the cache (only for measuring what reusing them saves).
     """
     positions = jnp.broadcast_to(cache.index, (ids_t.shape[0], 1))
-    y = self._embed(self.tgt_embed, ids_t[:, None], positions, True)  # [B, 1, D]
+    y = self._embed(self.tgt_embed, self.tgt_word_dropout, ids_t[:, None], positions,
+                    True)  # [B, 1, D]
     new_caches = []
     for i, (layer, kv) in enumerate(zip(self.decoder_layers, cache.self_attention)):
       k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.cross_kv(memory)
