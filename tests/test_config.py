@@ -124,3 +124,19 @@ def test_a_stored_config_with_a_retired_option_still_reads():
   assert validate_config(migrate(old)).decode.chunk == 4
   with pytest.raises(ConfigError, match='unknown option decode.source_multiple'):
     validate_config(old)  # a config being written, not read back, is still told
+
+
+def test_model_options_added_later_say_what_older_workdirs_trained_with():
+  """A ModelConfig field added after workdirs were written must be in _MODEL_BEFORE_OPTION,
+  at the value a config.json without it implies; otherwise train.py refuses to resume every
+  older workdir ('None there') and decode.py cannot read its model."""
+  import dataclasses
+
+  from transformer_nmt.config import _MODEL_BEFORE_OPTION, ModelConfig
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  assert fields - set(_MODEL_BEFORE_OPTION) == {
+      'attention_dropout', 'd_ff', 'd_model', 'dtype', 'embedding_dropout', 'layer_norm_epsilon',
+      'norm_position', 'num_heads', 'num_layers', 'positional_encoding', 'relu_dropout',
+      'residual_dropout', 'share_embeddings', 'src_vocab_size', 'tie_output', 'vocab_size'}
+  defaults = ModelConfig()
+  assert all(hasattr(defaults, name) for name in _MODEL_BEFORE_OPTION)

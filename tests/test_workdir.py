@@ -68,7 +68,8 @@ def test_workdirs_from_before_an_option_resume_with_the_value_they_trained_with(
   wd = Workdir(tmp_path)
   model = ModelConfig(vocab_size=100, d_model=8, num_heads=2)
   stored = dataclasses.asdict(model)
-  for added in ('dropout_bits', 'remat', 'float32_logits'):
+  for added in ('dropout_bits', 'remat', 'float32_logits', 'source_word_dropout',
+                'target_word_dropout'):
     del stored[added]
   wd.config.write_text(json.dumps({'resolved_model': stored}), encoding='utf-8')
   wd.checkpoints.mkdir()

@@ -38,9 +38,10 @@ class ModelConfig:
   embedding_dropout: float = 0.1  # P_drop on embeddings + positions (§5.4)
   attention_dropout: float = 0.0  # on attention probabilities (tensor2tensor)
   relu_dropout: float = 0.0  # after the FFN's ReLU (tensor2tensor)
-  # Word dropout (Marian's --dropout-src/--dropout-trg; Sennrich et al. 2016): in training, each
-  # token's whole word embedding is zeroed with this probability (its position stays), so that
-  # the model learns not to lean on any one subword. 0 in the paper.
+  # Word dropout (Sennrich et al. 2016; Marian's --dropout-src/--dropout-trg draw one per
+  # position for the whole batch, these one per token): in training each token's whole word
+  # embedding is zeroed with this probability and the kept ones divided by 1 - it; positions
+  # stay. The model learns not to lean on any one subword. 0 in the paper.
   source_word_dropout: float = 0.0
   target_word_dropout: float = 0.0
   # Random bits per dropout draw: 16 (two draws per threefry word; keep probabilities in
@@ -363,7 +364,8 @@ def validate_config(config: Mapping[str, Any]) -> Sections:
 
 # Model options added after workdirs had been written, at the values those workdirs trained
 # with: a config.json without the key describes a run that had that value.
-_MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 32}
+_MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 32,
+                        'source_word_dropout': 0.0, 'target_word_dropout': 0.0}
 
 
 def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:

@@ -152,3 +152,26 @@ def test_word_dropout_zeroes_whole_token_embeddings(tiny_cfg, side):
   other = 'tgt' if side == 'src' else 'src'
   np.testing.assert_array_equal(
       _embeddings(cfg, params, ids, other, False, jax.random.key(2))[2], words + positions)
+
+
+@pytest.mark.parametrize('side', ['src', 'tgt'])
+def test_word_dropout_of_each_side_reaches_its_stack_only(tiny_cfg, side):
+  """With every other dropout off, source word dropout changes the encoder's training output
+  and not the decoder's (given the same memory), target word dropout the reverse."""
+  cfg = dataclasses.replace(tiny_cfg, **{f'{"source" if side == "src" else "target"}'
+                                         '_word_dropout': 0.5})
+  params = init_params(cfg, jax.random.key(0))
+  src = jnp.array([[3, 4, 5, 6, 2], [7, 8, 9, 2, 0]])
+  tgt = jnp.array([[1, 9, 10, 11], [1, 12, 13, 14]])
+  model, rngs = Transformer(cfg), {'dropout': jax.random.key(4)}
+
+  def encoded(deterministic):
+    return model.apply({'params': params}, src, deterministic=deterministic, rngs=rngs,
+                       method=Transformer.encode)
+  memory = encoded(True)
+
+  def decoded(deterministic):
+    return model.apply({'params': params}, memory, tgt, deterministic=deterministic, rngs=rngs,
+                       method=Transformer.decode)
+  assert np.array_equal(encoded(False), memory) == (side == 'tgt')
+  assert np.array_equal(decoded(False), decoded(True)) == (side == 'src')

@@ -48,6 +48,8 @@ def dropout(rng: jax.Array, x: jax.Array, rate: float, bits: int = 16,
   rest divided by the probability of keeping them; same shape and dtype. Along
   `broadcast_dims` one draw decides all elements (flax's nn.Dropout argument): (-1,) on
   [B, T, D] embeddings drops whole tokens."""
+  if any(not -x.ndim <= d < x.ndim for d in broadcast_dims):
+    raise ValueError(f'broadcast_dims={tuple(broadcast_dims)} for an array of {x.ndim} axes')
   shape = tuple(1 if i in {d % x.ndim for d in broadcast_dims} else n
                 for i, n in enumerate(x.shape))
   keep, keep_prob = keep_mask(rng, rate, shape, bits)
