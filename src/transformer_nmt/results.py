@@ -61,9 +61,10 @@ Loader = Callable[[], LoadedModel]
 
 def checkpoint_candidates(workdir: str | os.PathLike,
                           average_last: int) -> list[tuple[str, Loader]]:
-  """(label, loader) for the latest checkpoint, the average of the last N and the best one,
-  with the raw weights, and 'EMA' (the latest checkpoint's moving average of the weights)
-  when the run kept one (train.ema_decay)."""
+  """(label, loader) for the latest checkpoint and the average of the last N, with the raw
+  weights; the best one, with the weights its validation BLEU was measured on (the moving
+  average when the run kept one, as training evaluates it); and 'EMA' (the latest
+  checkpoint's moving average of the weights) when the run kept one (train.ema_decay)."""
   candidates = [('latest', lambda: load_workdir(workdir, ema=False))]
   steps = Checkpointer(Workdir(workdir).checkpoints, read_only=True)
   available = steps.all_steps()  # finished saves only, not a killed run's temporaries
@@ -74,7 +75,7 @@ def checkpoint_candidates(workdir: str | os.PathLike,
     candidates.append((f'average of last {n}',
                        lambda: load_workdir(workdir, average_last=n, ema=False)))
   if Workdir(workdir).best.exists():
-    candidates.append(('best', lambda: load_workdir(workdir, best=True, ema=False)))
+    candidates.append(('best', lambda: load_workdir(workdir, best=True)))
   if has_ema:
     candidates.append(('EMA', lambda: load_workdir(workdir, ema=True)))
   return candidates

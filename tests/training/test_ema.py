@@ -102,10 +102,12 @@ def _checkpoint(workdir, step, ema=True):
 @pytest.mark.slow
 def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   """Resumed from its step-2 checkpoint (step 4's removed, as if killed before it), a run
-  ends with the EMA it had when uninterrupted; decoding loads the EMA unless told not to."""
+  ends with the EMA it had when uninterrupted; decoding loads the EMA unless told not to, and
+  so does recipe.py's 'best' candidate."""
   import shutil
 
   from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.results import checkpoint_candidates
   workdir = tmp_path / 'run'
   _run(workdir, 4, 0.5)
   has, straight = _checkpoint(workdir, 4)
@@ -114,6 +116,13 @@ def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   flat = lambda m: jax.flatten_util.ravel_pytree(m.params)[0]  # noqa: E731
   np.testing.assert_array_equal(flat(load_workdir(workdir)), straight)
   np.testing.assert_array_equal(flat(load_workdir(workdir, ema=False)), raw)
+  # recipe.py's 'best' candidate: the weights its validation BLEU was measured on, the EMA
+  # (the final evaluation kept step 4 in best/)
+  candidates = dict(checkpoint_candidates(workdir, average_last=0))
+  assert list(candidates) == ['latest', 'best', 'EMA']
+  best = candidates['best']()
+  assert best.steps == [4]
+  np.testing.assert_array_equal(flat(best), straight)
   shutil.rmtree(workdir / 'checkpoints' / '4')
   _run(workdir, 4, 0.5)  # resumes at step 2
   np.testing.assert_array_equal(_checkpoint(workdir, 4)[1], straight)
