@@ -10,8 +10,11 @@ pip install -r bench/requirements.txt).
 
   python bench/decode.py --workdir runs/small --input ../shared/data/multi30k/test2016.en
 
-Each variant translates all sentences twice: the first pass compiles every batch shape, the
-second is timed. Outputs of all variants with the same beam are compared with ours (cached).
+Each variant first translates all sentences once (the first pass compiles every batch
+shape); then every variant's timed pass runs, and with --repeats N that round is run N times,
+the variants alternating, so that a drift of this machine's speed hits all of them alike. The
+table gives each variant's median timed pass, and the ratios are medians of the ratios within
+a round. Outputs of all variants with the same beam are compared with ours (cached).
 """
 
 import shlex
@@ -45,6 +48,8 @@ _CT2_TYPES = flags.DEFINE_list('ct2_compute_types', ['float32', 'int8'],
                                'CTranslate2 compute types to run (float32 = the same arithmetic '
                                'as ours; int8 = its fastest on CPU); TYPE/N runs N batches at '
                                'once (inter_threads), as our Translator does on a CPU.')
+_REPEATS = flags.DEFINE_integer('repeats', 1, 'Rounds of timed passes (variants alternating); '
+                                'the table reports medians.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
@@ -67,7 +72,8 @@ VARIANTS = {  # name -> Translator options that differ from the default (plus th
 
 
 def measure(model, rows, beam, options):
-  """(first-pass seconds incl. compilation, timed seconds, output id rows) for one variant."""
+  """(first-pass seconds incl. compilation, a timed pass: () -> (seconds, output id rows)) for
+  one variant."""
   import dataclasses
 
   from transformer_nmt.config import DecodeConfig
@@ -82,9 +88,15 @@ def measure(model, rows, beam, options):
   t0 = time.perf_counter()
   translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
-  t0 = time.perf_counter()  # the Translator kept its cast of the kernels (as_computed)
-  outputs = translator.translate_ids(model.params, rows)
-  return first, time.perf_counter() - t0, outputs
+  return first, lambda: timed(lambda: translator.translate_ids(model.params, rows))
+
+
+def timed(run):
+  """(seconds, result) of one call of `run`; the Translator keeps its cast of the kernels
+  (as_computed), so a pass after the first converts nothing."""
+  t0 = time.perf_counter()
+  result = run()
+  return time.perf_counter() - t0, result
 
 
 def ct2_name(compute_type):
@@ -101,7 +113,8 @@ class Unsupported(Exception):
 
 
 def measure_ctranslate2(model, rows, beam, directory, compute_type):
-  """(warm-up seconds, timed seconds, output id rows) for CTranslate2 on the same rows."""
+  """(warm-up seconds, a timed pass: () -> (seconds, output id rows)) for CTranslate2 on the
+  same rows."""
   import os
 
   import ctranslate2
@@ -118,15 +131,13 @@ def measure_ctranslate2(model, rows, beam, directory, compute_type):
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
   options = dict(beam_size=beam, length_penalty=DECODE.alpha, max_batch_size=_BATCH_TOKENS.value,
                  batch_type='tokens', max_decoding_length=max(map(len, rows)) + _MAX_EXTRA.value)
-  t0 = time.perf_counter()
-  translator.translate_batch(pieces[:8], **options)
-  first = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  results = translator.translate_batch(pieces, **options)
-  seconds = time.perf_counter() - t0
+  first, _ = timed(lambda: translator.translate_batch(pieces[:8], **options))
   vocab = {p: i for i, p in enumerate(model.tgt_tok.pieces(range(model.tgt_tok.vocab_size)))}
-  outputs = [np.array([vocab[p] for p in r.hypotheses[0]], np.int32) for r in results]
-  return first, seconds, outputs
+
+  def run():
+    seconds, results = timed(lambda: translator.translate_batch(pieces, **options))
+    return seconds, [np.array([vocab[p] for p in r.hypotheses[0]], np.int32) for r in results]
+  return first, run
 
 
 def main(argv):
@@ -150,9 +161,10 @@ def main(argv):
     from transformer_nmt.export import export
     ct2_dir = tempfile.mkdtemp(prefix='bench_ct2_')
     export(model.cfg, model.params, model.src_tok, model.tgt_tok, ct2_dir)
+  if _REPEATS.value < 1:
+    raise app.UsageError(f'--repeats={_REPEATS.value} must be at least 1')
   table, seconds_of = [], {}
   for beam in [int(b) for b in _BEAMS.value]:
-    reference = None
     runs = [(name, lambda o=VARIANTS[name]: measure(model, rows, beam, o))
             for name in _VARIANT_NAMES.value  # greedy has no beam stopping rule:
             if beam > 1 or (VARIANTS[name].get('beam_stop', 'bound') == 'bound'
@@ -160,27 +172,36 @@ def main(argv):
     if ct2_dir:
       runs += [(ct2_name(t), lambda t=t: measure_ctranslate2(model, rows, beam, ct2_dir, t))
                for t in _CT2_TYPES.value]
+    prepared = {}  # name -> (first-pass seconds, timed pass)
     for name, run in runs:
       try:
-        first, seconds, outputs = run()
+        prepared[name] = run()
       except Unsupported as e:
         table.append(f'| {name} | {beam} | - | - | - | - | not run: {e} |')
         print(table[-1], flush=True)
-        continue
+    passes = {name: [] for name in prepared}  # name -> [(seconds, outputs)] per round
+    for _ in range(_REPEATS.value):
+      for name, (_, timed_pass) in prepared.items():
+        passes[name].append(timed_pass())
+    reference = None
+    for name, (first, _) in prepared.items():
+      seconds_of[(name, beam)] = [s for s, _ in passes[name]]
+      seconds = float(np.median(seconds_of[(name, beam)]))
+      outputs = passes[name][0][1]
       tokens = sum(len(o) + 1 for o in outputs)  # generated subwords incl. EOS
-      seconds_of[(name, beam)] = seconds
       note = ''
       if reference is not None:
         same = sum(np.array_equal(a, b) for a, b in zip(outputs, reference))
         note = f'{same}/{len(rows)} outputs identical to ours (cached)'
       reference = outputs if reference is None else reference
       table.append(f'| {name} | {beam} | {len(rows) / seconds:.1f} | {tokens / seconds:,.0f} | '
-                   f'{seconds:.2f} | {first:.2f} | {note} |')
+                   f'{_spread(seconds_of[(name, beam)])} | {first:.2f} | {note} |')
       print(table[-1], flush=True)
   from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
           f"{shlex.join(sys.argv[1:])}`\n\n{header}\n\n"
-          '| variant | beam | sentences/s | target tokens/s | timed s | first pass s | '
+          '| variant | beam | sentences/s | target tokens/s | timed s (median; each round) | '
+          'first pass s | '
           'agreement |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n' + '\n'.join(table)
           + '\n\n' + ''.join(f'- {line}\n' for line in ratios(seconds_of)))
   print(text)
@@ -191,21 +212,35 @@ def main(argv):
     write_section(pathlib.Path(_MARKDOWN.value), 'bench/decode.py', text)
 
 
+def _spread(seconds):
+  """'6.45' for one timed pass; 'median (each round)' for several."""
+  if len(seconds) == 1:
+    return f'{seconds[0]:.2f}'
+  return f'{np.median(seconds):.2f} ({", ".join(f"{s:.2f}" for s in seconds)})'
+
+
+def _ratio(slow, fast):
+  """The median over rounds of `slow` seconds / `fast` seconds, each round's pair measured
+  minutes apart at most."""
+  return float(np.median([a / b for a, b in zip(slow, fast)]))
+
+
 def ratios(seconds_of):
-  """Speed ratios, per beam: our cached decoder against the other variants, each of ours
-  against CTranslate2 in float32 (one batch at a time, and two at once), and our bfloat16
-  ones against its int8."""
+  """Speed ratios, per beam (medians of the rounds' ratios): our cached decoder against the
+  other variants, each of ours against CTranslate2 in float32 (one batch at a time, and two
+  at once), and our bfloat16 ones against its int8. `seconds_of`: (name, beam) -> the timed
+  passes' seconds, one per round."""
   out = []
   for (name, beam), seconds in seconds_of.items():
     base = seconds_of.get(('cached', beam))
     if base and name != 'cached' and not name.startswith('CTranslate2'):
-      out.append(f'beam {beam}: cached is {seconds / base:.2f}x as fast as {name}')
+      out.append(f'beam {beam}: cached is {_ratio(seconds, base):.2f}x as fast as {name}')
   for ct2, only in [(ct2_name('float32'), ''), (ct2_name('float32/2'), ''),
                     (ct2_name('int8'), 'bfloat16')]:
     for (name, beam), seconds in seconds_of.items():
       theirs = seconds_of.get((ct2, beam))
       if theirs and not name.startswith('CTranslate2') and only in name:
-        out.append(f'beam {beam}: {name} is {theirs / seconds:.2f}x as fast as {ct2}')
+        out.append(f'beam {beam}: {name} is {_ratio(theirs, seconds):.2f}x as fast as {ct2}')
   return out
 
 

@@ -229,8 +229,10 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
       loaded.params, lines)
   for block in ('1', '5', '0'):
     out = tmp_path / f'out{block}.de'
+    heaps = ('--malloc_heaps', '1') if block == '5' else ()  # one malloc heap: the same lines
     result = run_decode('--workdir', str(tiny_workdir), '--input', str(src), '--output', str(out),
-                        '--beam_size', '2', '--max_extra_len', '5', '--buffer_lines', block)
+                        '--beam_size', '2', '--max_extra_len', '5', '--buffer_lines', block,
+                        *heaps)
     assert result.returncode == 0, result.stderr[-3000:]
     assert out.read_text().split('\n')[:-1] == whole, block  # same lines, same order
     assert '13 sentences in' in result.stderr
@@ -241,6 +243,8 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
                  '--buffer_lines=-1 must be 0')
   _clean_failure(run_decode('--workdir', str(tiny_workdir), '--concurrent_batches', '-1',
                             stdin='x\n'), '--concurrent_batches=-1 must be 0')
+  _clean_failure(run_decode('--workdir', str(tiny_workdir), '--malloc_heaps', '-2', stdin='x\n'),
+                 '--malloc_heaps=-2 must be -1')
 
 
 def test_output_controls_bound_every_output(loaded, test_lines):

@@ -31,3 +31,44 @@ def test_free_pages_go_back_to_the_system():
 def test_without_malloc_trim_nothing_happens(monkeypatch):
   monkeypatch.setattr(heap, '_malloc_trim', lambda: None)
   assert heap.release_free_memory() is False
+
+
+_COUNT_HEAPS = '''
+import ctypes, sys, threading
+from transformer_nmt.decoding import heap
+if sys.argv[1] != '0':
+  assert heap.limit_heaps(int(sys.argv[1]))
+def allocate(done):
+  blocks = [ctypes.create_string_buffer(4096) for _ in range(200)]  # malloc in this thread
+  done.wait()  # alive together, so that glibc gives the threads heaps of their own
+done = threading.Event()
+threads = [threading.Thread(target=allocate, args=(done,)) for _ in range(6)]
+for t in threads:
+  t.start()
+done.set()
+for t in threads:
+  t.join()
+ctypes.CDLL(None).malloc_stats()  # one 'Arena N:' block per heap, on stderr
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc on Linux only')
+@pytest.mark.parametrize('limit', [0, 1, 2])
+def test_limit_heaps_caps_the_heaps_threads_get(limit):
+  """Six threads allocating at once get heaps of their own by default; with the limit they
+  share `limit` heaps (counted by glibc's malloc_stats, in a fresh process)."""
+  import subprocess
+  out = subprocess.run([sys.executable, '-c', _COUNT_HEAPS, str(limit)], capture_output=True,
+                       text=True, check=True).stderr
+  heaps = out.count('Arena ')
+  assert heaps == limit if limit else heaps > 2
+
+
+def test_heaps_for_a_store_with_programs(tmp_path):
+  """decode.py's automatic choice: 2 heaps for a run that loads stored programs."""
+  assert heap.heaps_for(None) == 0
+  assert heap.heaps_for(tmp_path / 'programs') == 0  # no store yet
+  (tmp_path / 'programs' / 'a1b2').mkdir(parents=True)
+  assert heap.heaps_for(tmp_path / 'programs') == 0  # an identity without programs
+  (tmp_path / 'programs' / 'a1b2' / 'advance-0.program').write_bytes(b'')
+  assert heap.heaps_for(tmp_path / 'programs') == 2

@@ -4,7 +4,10 @@ On a CPU a batch's decoder state and its programs' working buffers are host memo
 malloc keeps what they free in its heaps, one per thread, and fragmented heaps are not
 shrunk, so a long job's resident memory kept growing with the largest batches it had met:
 1000 lines of test2016 peaked at 1.25-1.31 GB. `malloc_trim` after each batch returns the
-free pages: 1.04-1.23 GB, at about the same speed (bench/RESULTS.md).
+free pages: 1.04-1.23 GB, at about the same speed (bench/RESULTS.md). Fewer heaps fragment
+less: with `limit_heaps(2)` the same job, its programs stored, peaked at 1.01 GB instead of
+1.09 GB (medians of nine runs each, same speed within 0.5 s), but a run that compiles its
+programs took 7% longer, its compiler threads waiting on the two heaps (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -12,20 +15,44 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import pathlib
 from typing import Callable, Optional
+
+_M_ARENA_MAX = -8  # mallopt's parameter for the most heaps (arenas), glibc's malloc.h
 
 
 @functools.cache
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-  """glibc's malloc_trim, or None on a C library without it (macOS, musl, Windows)."""
-  name = ctypes.util.find_library('c')
+def _libc_function(name: str, argtypes: tuple) -> Optional[Callable[..., int]]:
+  """The C library's function `name` (returning int), or None on a C library without it
+  (glibc's malloc_trim and mallopt; not on macOS, musl or Windows)."""
+  library = ctypes.util.find_library('c')
   try:
-    trim = getattr(ctypes.CDLL(name), 'malloc_trim', None) if name else None
+    fn = getattr(ctypes.CDLL(library), name, None) if library else None
   except OSError:
     return None
-  if trim is not None:
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-  return trim
+  if fn is not None:
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+  return fn
+
+
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+  return _libc_function('malloc_trim', (ctypes.c_size_t,))
+
+
+def limit_heaps(count: int) -> bool:
+  """Lets glibc's malloc make at most `count` heaps (arenas; by default up to 8 per core, one
+  per thread as threads start to allocate). Threads that have a heap keep it, so call this
+  before the threads start. False where that is not possible."""
+  mallopt = _libc_function('mallopt', (ctypes.c_int, ctypes.c_int))
+  return mallopt is not None and mallopt(_M_ARENA_MAX, count) == 1
+
+
+def heaps_for(programs: Optional[pathlib.Path]) -> int:
+  """The heap count for a decoding run: 2 when `programs` (a workdir's program store) holds
+  compiled programs, which the run then loads rather than compiles; else 0, the C library's
+  default. Programs of another identity count too (a run after an upgrade compiles with 2
+  heaps once): telling them apart needs the backend, whose threads would have started."""
+  return 2 if programs is not None and any(programs.glob('*/*.program')) else 0
 
 
 def release_free_memory() -> bool:
