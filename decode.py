@@ -101,7 +101,7 @@ _MALLOC_HEAPS = flags.DEFINE_integer(
     'malloc_heaps', -1, "Heaps (arenas) of glibc's malloc for this process: -1 (automatic): 2 "
     'when WORKDIR/programs holds stored programs, else the default; 0: the default (up to 8 '
     'per core); N: at most N. Fewer heaps fragment less: with its programs stored, 1000 lines '
-    'of test2016 peaked at 1.01 GB with 2 heaps against 1.09 GB (medians of nine runs, same '
+    'of test2016 peaked at 0.96 GB with 2 heaps against 1.04 GB (medians of nine runs, same '
     'speed), while a run that compiles its programs took 7% longer (bench/RESULTS.md).')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch.' +
                                      _RUN.format('tokens_per_batch', DECODE.tokens_per_batch))
