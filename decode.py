@@ -98,11 +98,12 @@ _PROGRAMS = flags.DEFINE_bool('programs', True, 'Keep the compiled decoding prog
                               'the restored parameters in WORKDIR/programs/params, which a '
                               'later run of the same checkpoints reads without Orbax.')
 _MALLOC_HEAPS = flags.DEFINE_integer(
-    'malloc_heaps', -1, "Heaps (arenas) of glibc's malloc for this process: -1 (automatic): 2 "
-    'when WORKDIR/programs holds stored programs, else the default; 0: the default (up to 8 '
-    'per core); N: at most N. Fewer heaps fragment less: with its programs stored, 1000 lines '
-    'of test2016 peaked at 0.96 GB with 2 heaps against 1.04 GB (medians of nine runs, same '
-    'speed), while a run that compiles its programs took 7% longer (bench/RESULTS.md).')
+    'malloc_heaps', -1, "Heaps (arenas) of glibc's malloc for this process (glibc only): -1 "
+    '(automatic): 2 when WORKDIR/programs holds stored programs (not with --precompile), else '
+    'the default; 0: the default (up to 8 per core); N: at most N. Fewer heaps fragment less: '
+    'with its programs stored, 1000 lines of test2016 peaked at 0.96 GB with 2 heaps against '
+    '1.04 GB (medians of nine runs, same speed), while a run that compiles its programs took '
+    '8% longer (bench/RESULTS.md).')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch.' +
                                      _RUN.format('tokens_per_batch', DECODE.tokens_per_batch))
 _MAX_EXTRA = flags.DEFINE_integer('max_extra_len', None, 'Output limit = input length + this.' +
@@ -331,7 +332,7 @@ def run() -> None:
     raise DataError(f'--n_best={_N_BEST.value} must be at most the beam size ({decode.beam_size})')
   if _N_BEST.value > 1 and decode.temperature > 0:
     raise DataError(f'--n_best={_N_BEST.value}: sampling (--temperature) gives one hypothesis')
-  programs = Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
+  programs = _program_dir()
   translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode, n_best=_N_BEST.value,
                           programs=programs, concurrent_batches=_CONCURRENT.value)
   if _SCORE_REFERENCE.value:
@@ -358,18 +359,24 @@ def run() -> None:
       print(f'wrote {path}', file=sys.stderr)
 
 
+def _program_dir() -> Any:
+  """The first workdir's WORKDIR/programs (a pathlib.Path), or None with --noprograms."""
+  from transformer_nmt.workdir import Workdir
+  return Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None
+
+
 def _limit_heaps() -> None:
-  """--malloc_heaps (decoding/heap.py)."""
+  """--malloc_heaps (decoding/heap.py); a count given outright that this C library cannot
+  set is said on stderr."""
   from transformer_nmt.decoding import heap
   from transformer_nmt.errors import DataError
-  from transformer_nmt.workdir import Workdir
   count = _MALLOC_HEAPS.value
   if count < -1:
     raise DataError(f'--malloc_heaps={count} must be -1 (automatic), 0 (the default) or positive')
-  if count == -1:
-    count = heap.heaps_for(Workdir(_WORKDIR.value[0]).programs if _PROGRAMS.value else None)
-  if count > 0:
-    heap.limit_heaps(count)
+  heaps = heap.heaps_for(count, _program_dir(), compiling=_PRECOMPILE.value)
+  if heaps > 0 and not heap.limit_heaps(heaps) and count > 0:
+    print(f'--malloc_heaps={count}: this C library cannot limit its heaps (glibc only); '
+          'ignored', file=sys.stderr)
 
 
 def _write(translator: Any, model: Any, blocks: Iterator[list[str]], progress: _Progress,

@@ -10,11 +10,12 @@ pip install -r bench/requirements.txt).
 
   python bench/decode.py --workdir runs/small --input ../shared/data/multi30k/test2016.en
 
-Each variant first translates all sentences once (the first pass compiles every batch
-shape); then every variant's timed pass runs, and with --repeats N that round is run N times,
-the variants alternating, so that a drift of this machine's speed hits all of them alike. The
-table gives each variant's median timed pass, and the ratios are medians of the ratios within
-a round. Outputs of all variants with the same beam are compared with ours (cached).
+Each of our variants first translates all sentences once (the first pass compiles every
+batch shape; CTranslate2 warms up on 8 sentences); then every variant's timed pass runs, and
+with --repeats N that round is run N times, the variants alternating, so that a drift of this
+machine's speed hits all of them alike. The table gives each variant's median timed pass, and
+the ratios are medians of the ratios within a round. Outputs of all variants with the same
+beam are compared with ours (cached).
 """
 
 import shlex
@@ -146,6 +147,8 @@ def main(argv):
 
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.decoding.translator import load_workdir
+  if _REPEATS.value < 1:
+    raise app.UsageError(f'--repeats={_REPEATS.value} must be at least 1')
   model = load_workdir(_WORKDIR.value)
   lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_MAX_SENTENCES.value]
   rows = [np.array(ids + [model.src_tok.eos_id], np.int32) for ids in model.src_tok.encode(lines)]
@@ -161,8 +164,6 @@ def main(argv):
     from transformer_nmt.export import export
     ct2_dir = tempfile.mkdtemp(prefix='bench_ct2_')
     export(model.cfg, model.params, model.src_tok, model.tgt_tok, ct2_dir)
-  if _REPEATS.value < 1:
-    raise app.UsageError(f'--repeats={_REPEATS.value} must be at least 1')
   table, seconds_of = [], {}
   for beam in [int(b) for b in _BEAMS.value]:
     runs = [(name, lambda o=VARIANTS[name]: measure(model, rows, beam, o))
@@ -200,9 +201,9 @@ def main(argv):
   from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/decode.py "
           f"{shlex.join(sys.argv[1:])}`\n\n{header}\n\n"
-          '| variant | beam | sentences/s | target tokens/s | timed s (median; each round) | '
-          'first pass s | '
-          'agreement |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n' + '\n'.join(table)
+          f'| variant | beam | sentences/s | target tokens/s | timed s'
+          f'{_ROUNDS[_REPEATS.value > 1]} | first pass s | agreement |\n'
+          '| --- | ---: | ---: | ---: | ---: | ---: | --- |\n' + '\n'.join(table)
           + '\n\n' + ''.join(f'- {line}\n' for line in ratios(seconds_of)))
   print(text)
   if _MARKDOWN.value:
@@ -212,6 +213,9 @@ def main(argv):
     write_section(pathlib.Path(_MARKDOWN.value), 'bench/decode.py', text)
 
 
+_ROUNDS = ('', ' (median; each round)')  # the timed column's heading for 1 round, for several
+
+
 def _spread(seconds):
   """'6.45' for one timed pass; 'median (each round)' for several."""
   if len(seconds) == 1:
@@ -219,10 +223,10 @@ def _spread(seconds):
   return f'{np.median(seconds):.2f} ({", ".join(f"{s:.2f}" for s in seconds)})'
 
 
-def _ratio(slow, fast):
-  """The median over rounds of `slow` seconds / `fast` seconds, each round's pair measured
-  minutes apart at most."""
-  return float(np.median([a / b for a, b in zip(slow, fast)]))
+def _ratio(numerator, denominator):
+  """The median over rounds of `numerator` seconds / `denominator` seconds, each round's pair
+  measured minutes apart at most."""
+  return float(np.median([a / b for a, b in zip(numerator, denominator)]))
 
 
 def ratios(seconds_of):

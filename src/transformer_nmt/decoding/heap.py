@@ -7,7 +7,7 @@ shrunk, so a long job's resident memory kept growing with the largest batches it
 free pages: 1.04-1.23 GB, at about the same speed (bench/RESULTS.md). Fewer heaps fragment
 less: with `limit_heaps(2)` the same job, its programs stored, peaked at 0.96 GB instead of
 1.04 GB (medians of nine runs each, same speed within 0.5 s), but a run that compiles its
-programs took 7% longer, its compiler threads waiting on the two heaps (bench/RESULTS.md).
+programs took 8% longer, its compiler threads waiting on the two heaps (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -47,12 +47,17 @@ def limit_heaps(count: int) -> bool:
   return mallopt is not None and mallopt(_M_ARENA_MAX, count) == 1
 
 
-def heaps_for(programs: Optional[pathlib.Path]) -> int:
-  """The heap count for a decoding run: 2 when `programs` (a workdir's program store) holds
-  compiled programs, which the run then loads rather than compiles; else 0, the C library's
-  default. Programs of another identity count too (a run after an upgrade compiles with 2
-  heaps once): telling them apart needs the backend, whose threads would have started."""
-  return 2 if programs is not None and any(programs.glob('*/*.program')) else 0
+def heaps_for(requested: int, programs: Optional[pathlib.Path], compiling: bool = False) -> int:
+  """The heap count for a decoding run (decode.py --malloc_heaps): `requested` when it is 0
+  (the C library's default) or more; for -1 (automatic), 2 when `programs` (a workdir's
+  program store) holds compiled programs, which the run then mostly loads, unless the run is
+  `compiling` them (decode.py --precompile); else 0. Programs of another identity count too
+  (a run after an upgrade compiles with 2 heaps once): telling them apart needs the backend,
+  whose threads would have started."""
+  if requested >= 0:
+    return requested
+  stored = programs is not None and any(programs.glob('*/*.program'))
+  return 2 if stored and not compiling else 0
 
 
 def release_free_memory() -> bool:
