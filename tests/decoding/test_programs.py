@@ -4,6 +4,11 @@ stop a translation; donated arguments stay donated through the store."""
 
 import concurrent.futures
 import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +16,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.config import DecodeConfig
-from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding import ensemble, programs
 from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
 from transformer_nmt.decoding.translator import Translator
 
@@ -178,3 +183,24 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
   assert got == [plain.translate_lines(loaded.params, job) for job in jobs]
   assert _translator(loaded, tmp_path / 'none').precompile(loaded.params, max_rows=7) == 0
+
+
+def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
+  """A process whose package files change on disk after it started (an edit, an upgrade
+  during a long recipe.py run) keeps filing its programs under the code it runs."""
+  package = tmp_path / 'transformer_nmt'
+  shutil.copytree(pathlib.Path(programs.__file__).resolve().parents[1], package,
+                  ignore=shutil.ignore_patterns('__pycache__'))
+  imported = programs.files_hash(package)
+  edit_then_ask = (
+      'import pathlib\n'
+      'from transformer_nmt.decoding import programs\n'
+      'root = pathlib.Path(programs.__file__).resolve().parents[1]\n'
+      "edited = root / 'model' / 'attention.py'\n"
+      "edited.write_text(edited.read_text() + '\\n# edited while the process runs\\n')\n"
+      "print(programs.identity()['code'], programs.files_hash(root))\n")
+  env = dict(os.environ, PYTHONPATH=str(tmp_path), JAX_PLATFORMS='cpu')
+  run = subprocess.run([sys.executable, '-c', edit_then_ask], env=env, capture_output=True,
+                       text=True, timeout=300, check=True)
+  code, on_disk = run.stdout.split()
+  assert code == imported and on_disk != imported

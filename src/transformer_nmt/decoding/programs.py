@@ -55,14 +55,19 @@ def _count_cache_hit(event: str, **_: Any) -> None:
 monitoring.register_event_listener(_count_cache_hit)
 
 
-@functools.cache
-def _code_hash() -> str:
-  """Hash of this package's Python files: a program traced from other code is stale."""
-  root = pathlib.Path(__file__).resolve().parents[1]
+def files_hash(root: pathlib.Path) -> str:
+  """Hash of the Python files under `root`, with their paths relative to it."""
   digest = hashlib.sha256()
   for path in sorted(root.rglob('*.py')):
     digest.update(str(path.relative_to(root)).encode() + b'\0' + path.read_bytes())
   return digest.hexdigest()[:16]
+
+
+# This package's files as this process imported them: a program traced from other code is
+# stale. Hashed now, not when the first program is stored, since a long run (recipe.py trains
+# for an hour before it decodes) must not file programs of the code it runs under the hash of
+# files edited or upgraded on disk meanwhile.
+_CODE_HASH = files_hash(pathlib.Path(__file__).resolve().parents[1])
 
 
 # jax options that change what a traced program computes (random bits, matmul precision, ...)
@@ -92,7 +97,7 @@ def identity(**settings: Any) -> dict[str, str]:
             'backend': f'{device.platform} {device.client.platform_version}',
             'device': device.device_kind, 'xla_flags': os.environ.get('XLA_FLAGS', ''),
             'jax_options': str({k: jax.config.values.get(k) for k in _JAX_OPTIONS}),
-            'code': _code_hash()}
+            'code': _CODE_HASH}
   if device.platform == 'cpu':
     fields['host_cpu'] = _host_cpu()
   return fields | {name: str(value) for name, value in settings.items()}
