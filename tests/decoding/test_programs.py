@@ -192,15 +192,16 @@ def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
   shutil.copytree(pathlib.Path(programs.__file__).resolve().parents[1], package,
                   ignore=shutil.ignore_patterns('__pycache__'))
   imported = programs.files_hash(package)
-  edit_then_ask = (
-      'import pathlib\n'
+  edit_then_ask = (  # it edits only the copy it was given, never the tree under test
+      'import pathlib, sys\n'
       'from transformer_nmt.decoding import programs\n'
       'root = pathlib.Path(programs.__file__).resolve().parents[1]\n'
+      'assert root == pathlib.Path(sys.argv[1]).resolve(), root\n'
       "edited = root / 'model' / 'attention.py'\n"
       "edited.write_text(edited.read_text() + '\\n# edited while the process runs\\n')\n"
       "print(programs.identity()['code'], programs.files_hash(root))\n")
   env = dict(os.environ, PYTHONPATH=str(tmp_path), JAX_PLATFORMS='cpu')
-  run = subprocess.run([sys.executable, '-c', edit_then_ask], env=env, capture_output=True,
-                       text=True, timeout=300, check=True)
+  run = subprocess.run([sys.executable, '-c', edit_then_ask, str(package)], env=env,
+                       capture_output=True, text=True, timeout=300, check=True)
   code, on_disk = run.stdout.split()
   assert code == imported and on_disk != imported
