@@ -302,3 +302,48 @@ def test_no_repeat_ngram_longer_than_the_output_bans_nothing():
   out = constrain(logits, jnp.array([[3, 3]]), jnp.int32(2), jnp.array([False]), eos_id=EOS,
                   no_repeat_ngram=4)
   np.testing.assert_array_equal(out, logits)
+
+
+@pytest.mark.parametrize('vocab, k, controls', [(8, 3, {}), (5, 4, {}), (7, 2, {'prefix': True}),
+                                                (8, 3, {'min_len': 3, 'no_repeat_ngram': 2})])
+def test_a_search_begun_on_one_beam_equals_one_begun_on_k(vocab, k, controls):
+  """Search.begin takes a beam search's first step on one hypothesis per sentence (B rows
+  through the decoder, not B*K) and widens it to K beams; after any number of steps the
+  results, scores and stopping decisions equal those of the search begun on K beams (also
+  with 2K > V candidates, a prefix, and the output controls). The decoder's first call
+  sees B rows, the next ones B*K."""
+  from transformer_nmt.decoding.beam import beam, finalize
+  from transformer_nmt.decoding.search import Prefix
+  batch, length = 5, 8
+  rng = np.random.default_rng(vocab + k)
+  logits = rng.normal(scale=2.0, size=(batch, vocab, vocab))
+  logits[:, :, [PAD, BOS]] = -1e9
+  logits[:, :, EOS] += np.linspace(-3.0, 2.0, batch)[:, None]
+  table = jax.nn.log_softmax(jnp.asarray(logits))
+  seen = []
+
+  def logits_fn(ids, sentence):  # the cache: each hypothesis row's sentence, [N]
+    seen.append(ids.shape[0])
+    return table[sentence, ids], sentence
+  max_lens = jnp.array([1, 3, 8, 8, 6])  # row 0 ends at its first step
+  given = (Prefix(jnp.array([[4, 5], [0, 0], [3, 0], [6, 6], [0, 0]]), jnp.array([2, 0, 1, 2, 0]))
+           if controls.pop('prefix', False) else None)
+  search = beam(beam_size=k, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD, length=length,
+                **controls)
+  state = search.init(jnp.arange(batch), max_lens, given)
+  for steps in range(1, length + 1):
+    seen.clear()
+    begun = search.begin(logits_fn, jnp.arange(batch), max_lens, steps, given)
+    assert seen[0] == batch and set(seen[1:]) <= {batch * k}, seen
+    state = search.step(state, logits_fn, max_lens)
+    np.testing.assert_array_equal(search.result(begun), search.result(state))
+    # equal up to float rounding: one state comes out of a compiled scan, the other not
+    np.testing.assert_allclose(finalize(begun)[1], finalize(state)[1], rtol=1e-6)
+    np.testing.assert_allclose(begun.scores, state.scores, rtol=1e-6)
+    np.testing.assert_array_equal(search.rows_done(begun, max_lens),
+                                  search.rows_done(state, max_lens))
+    real = np.asarray(state.logprobs) > -1e8  # the live beams that are hypotheses
+    np.testing.assert_allclose(np.asarray(begun.logprobs)[real], np.asarray(state.logprobs)[real],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(begun.seqs)[real], np.asarray(state.seqs)[real])
+    assert begun.cache.shape == (batch * k,)

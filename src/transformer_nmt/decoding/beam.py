@@ -47,15 +47,17 @@ def tile_beams(tree: Any, beam_size: int) -> Any:
 
 
 def gather_beams(tree: Any, beam_idx: jax.Array) -> Any:
-  """Reorders beams: every batched leaf [B*K, ...] by beam_idx [B, K] (scalars stay)."""
+  """Reorders beams: every batched leaf [B*K', ...] (K' hypotheses per sentence) by beam_idx
+  [B, K] of values in [0, K') -> [B*K, ...] (scalars stay). With K' = 1 it tiles each row K
+  times, as the first step of a search begun on one hypothesis per sentence needs."""
   batch, k = beam_idx.shape
 
   def gather(x: jax.Array) -> jax.Array:
     if not x.ndim:
       return x
-    xs = x.reshape((batch, k) + x.shape[1:])  # [B, K, ...]
+    xs = x.reshape((batch, -1) + x.shape[1:])  # [B, K', ...]
     idx = beam_idx.reshape((batch, k) + (1,) * (xs.ndim - 2))
-    return jnp.take_along_axis(xs, idx, axis=1).reshape(x.shape)
+    return jnp.take_along_axis(xs, idx, axis=1).reshape((batch * k,) + x.shape[1:])
   return jax.tree_util.tree_map(gather, tree)
 
 
@@ -63,7 +65,9 @@ def gather_beams(tree: Any, beam_idx: jax.Array) -> Any:
 class BeamState:
   """t: [] steps taken. seqs: [B, K, L] token ids; logprobs: [B, K] log P of live beams;
   finished: [B, K, L]; scores: [B, K] length-normalised finished scores (NEG_INF: empty);
-  cache: decoder cache with leaves [B*K, ...]; prefix: the tokens each output starts with."""
+  cache: decoder cache with leaves [B*K, ...]; prefix: the tokens each output starts with.
+  A state begun on one beam (`init_state(one_beam=True)`) has 1 in place of K in seqs,
+  logprobs and the cache until its first step."""
 
   t: jax.Array
   seqs: jax.Array
@@ -75,15 +79,20 @@ class BeamState:
 
 
 def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
-               prefix: Optional[Prefix] = None) -> BeamState:
-  """Only beam 0 is live at first, so the first step does not pick K copies of one token."""
-  logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32), (batch, 1))
-  seqs = jnp.full((batch, beam_size, length), pad_id, jnp.int32)
+               prefix: Optional[Prefix] = None, one_beam: bool = False) -> BeamState:
+  """Only beam 0 is live at first, so the first step does not pick K copies of one token.
+  With `one_beam` the state holds that beam alone (seqs [B, 1, L], logprobs [B, 1], the
+  cache untiled) and the first `step` makes the K beams: the same search, with the first
+  decoder step on B rows instead of B*K (as CTranslate2 begins)."""
+  live = 1 if one_beam else beam_size
+  logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (live - 1), jnp.float32), (batch, 1))
+  seqs = jnp.full((batch, live, length), pad_id, jnp.int32)
   # float32, not a weak type: a state with a weak leaf would compile each search step once
   # for the first chunk and again for the rest.
-  finished = jnp.full((batch, beam_size), NEG_INF, jnp.float32)
-  return BeamState(jnp.int32(0), seqs, logprobs, seqs, finished, tile_beams(cache, beam_size),
-                   prefix)
+  scores = jnp.full((batch, beam_size), NEG_INF, jnp.float32)
+  finished = jnp.full((batch, beam_size, length), pad_id, jnp.int32)
+  return BeamState(jnp.int32(0), seqs, logprobs, finished, scores,
+                   cache if one_beam else tile_beams(cache, beam_size), prefix)
 
 
 STOPS = BEAM_STOPS
@@ -93,28 +102,32 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
          eos_id: int, stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
          no_repeat_ngram: int = DECODE.no_repeat_ngram) -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished (under
-  the output controls of `search.constrain`)."""
-  batch, k, length = s.seqs.shape
-  prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, K]
-  logits, cache = logits_fn(prev.reshape(-1), s.cache)  # [B*K, V]
-  at_limit = jnp.repeat(s.t + 1 >= max_lens, k)  # [B*K]: force EOS at each row's length limit
+  the output controls of `search.constrain`); a state of one beam per row becomes one of K."""
+  batch, width, length = s.seqs.shape  # width: 1 for a state begun on one beam, else K
+  k = s.scores.shape[1]
+  prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, width]
+  logits, cache = logits_fn(prev.reshape(-1), s.cache)  # [B*width, V]
+  at_limit = jnp.repeat(s.t + 1 >= max_lens, width)  # force EOS at each row's length limit
   logits = logits.astype(jnp.float32)
   # The model's own log-probabilities: banned tokens drop out, the others are not renormalised
   # (as in fairseq), so scores stay those of forced decoding.
-  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [B*K, 1]
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [B*width, 1]
   model_logits = logits
   if min_len or no_repeat_ngram:
-    logits = constrain(logits, s.seqs.reshape(batch * k, length), s.t, at_limit, eos_id=eos_id,
-                       min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+    logits = constrain(logits, s.seqs.reshape(batch * width, length), s.t, at_limit,
+                       eos_id=eos_id, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
   if s.prefix is not None:  # inside its prefix a beam has one candidate: the given token,
-    forced, given = (jnp.repeat(x, k) for x in s.prefix.forced(s.t))  # whatever the controls
+    forced, given = (jnp.repeat(x, width) for x in s.prefix.forced(s.t))  # whatever the controls
     only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
     logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
   cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id)
-  total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, k, -1)).reshape(batch, -1)
+  total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, width, -1)).reshape(batch, -1)
+  if total.shape[1] < 2 * k:  # one beam over fewer than 2K tokens: impossible extensions
+    total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
   # 2K: K finishing beams cannot starve the live ones
-  cand_logp, cand = jax.lax.top_k(total, 2 * k)  # [B, 2K] over [B, K * 2K]
+  cand_logp, cand = jax.lax.top_k(total, 2 * k)  # [B, 2K] over [B, width * 2K]
+  cand = jnp.minimum(cand, width * per_beam - 1)  # a padded one stands on a real one's place
   beam = cand // per_beam
   token = jnp.take_along_axis(token.reshape(batch, -1), cand, axis=1)  # [B, 2K]
   seqs = jnp.take_along_axis(s.seqs, beam[:, :, None], axis=1)
@@ -212,7 +225,9 @@ def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int,
                                           eos_id=eos_id, stop=stop, min_len=min_len,
                                           no_repeat_ngram=no_repeat_ngram),
       lambda s, max_lens: rows_done(s, max_lens, alpha, stop),
-      lambda s: result(s, eos_id, pad_id, n_best))
+      lambda s: result(s, eos_id, pad_id, n_best),
+      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], beam_size,
+                                                      length, pad_id, prefix, one_beam=True))
 
 
 def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,

@@ -130,7 +130,9 @@ class CompactingDecoder:
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.host_compaction = host_compaction
     self.chunk, self.min_rows = chunk, min_rows
-    self.rows_per_chunk: list[int] = []  # the last finished call's batch size in each chunk
+    # The last finished call's batch size in each chunk (with `begun`, the first entry
+    # stands for the first cache stage's steps).
+    self.rows_per_chunk: list[int] = []
     # The state is donated: each chunk's state takes the buffers of the one before instead
     # of copying the caches (1000 lines: 1.45 GB peak instead of 1.65 GB, at the same speed;
     # bench/RESULTS.md).
@@ -155,13 +157,16 @@ class CompactingDecoder:
     return state, search.rows_done(state, max_lens), search.result(state)
 
   def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int,
-               every_stage: bool = False) -> np.ndarray:
+               every_stage: bool = False,
+               begun: Optional[tuple[jax.Array, jax.Array]] = None) -> np.ndarray:
     """Decodes from a fresh `search_of(length).init(...)` state: [B, length] output ids (the
     search's result per sentence, e.g. [B, N, length] for an n-best beam).
 
     `length` must be a multiple of `chunk`; max_lens [B] <= length are the rows' limits.
     With `every_stage` no row counts as done: the batch keeps its size through every cache
     stage, so that each program a batch of its shape can meet is made (precompilation).
+    With `begun` (rows done, result) the state has taken the steps of the first cache
+    stage already (`Search.begin`, as CompactingTranslate's start program takes them).
     """
     if length % self.chunk:
       raise ValueError(f'output length {length} is not a multiple of chunk {self.chunk}')
@@ -172,16 +177,20 @@ class CompactingDecoder:
     host = self.host_compaction
     if host is None:
       host = _on_one_cpu(state)
-    cache_len, t = 0, 0
+    cache_len = 0 if begun is None else next(stages)
+    t = cache_len  # steps taken
     sizes: list[int] = []  # a list per call: threads may decode batches at once
     while True:
-      if t == cache_len:
-        cache_len = next(stages)
-        state = (resized_on_host(state, functools.partial(_resize, n=cache_len)) if host
-                 else self._resize(state, cache_len))
-      state, done, result = self._advance(params, state, max_lens, length)
+      if begun is None:
+        if t == cache_len:
+          cache_len = next(stages)
+          state = (resized_on_host(state, functools.partial(_resize, n=cache_len)) if host
+                   else self._resize(state, cache_len))
+        state, done, result = self._advance(params, state, max_lens, length)
+        t += self.chunk
+      else:
+        (done, result), begun = begun, None
       sizes.append(len(origin))
-      t += self.chunk
       done = np.zeros(len(origin), bool) if every_stage else np.asarray(done) | (origin < 0)
       live = np.flatnonzero(~done)
       size = compacted_size(len(live), len(origin), self.min_rows)

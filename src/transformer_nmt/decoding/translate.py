@@ -183,12 +183,20 @@ class CompactingTranslate:
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],
-                  length: int) -> tuple[Any, jax.Array]:
-    cache = ensemble.start(self.cfg, params, src, src_segments,
-                           self.decoder.cache_lengths(length)[0])
+                  length: int) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """Encodes the batch and takes the steps of the first cache stage, 2 chunks
+    (Search.begin: a beam search's first step on B rows): (state, max_lens, rows done,
+    result), the last two as the decoder's advance program gives them. The first stage's
+    steps thus need no advance program of their own (its step is compiled once, here); no
+    sentence of test2016 ended within the first chunk, where the decoder would otherwise
+    have looked for finished ones (bench/RESULTS.md)."""
+    first = self.decoder.cache_lengths(length)[0]
+    cache = ensemble.start(self.cfg, params, src, src_segments, first)
     given = as_prefix(prefix, self._search['pad_id'])
     max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
-    return search_for(length, rng=rng, **self._search).init(cache, max_lens, given), max_lens
+    search = search_for(length, rng=rng, **self._search)
+    state = search.begin(ensemble.step_fn(self.cfg, params), cache, max_lens, first, given)
+    return state, max_lens, search.rows_done(state, max_lens), search.result(state)
 
   def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
                rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None,
@@ -198,8 +206,9 @@ class CompactingTranslate:
     steps = output_length(src.shape[1], self.max_extra_len, self.max_len,
                           0 if prefix is None else prefix.shape[1])
     length = -(-steps // self.chunk) * self.chunk
-    state, max_lens = self._start(params, src, src_segments, rng, prefix, length)
-    return self.decoder(params, state, max_lens, length, every_stage)[..., :steps]
+    state, max_lens, done, result = self._start(params, src, src_segments, rng, prefix, length)
+    return self.decoder(params, state, max_lens, length, every_stage,
+                        begun=(done, result))[..., :steps]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,
