@@ -105,7 +105,7 @@ def test_a_damaged_program_is_compiled_again(loaded, lines, stored, tmp_path, ca
     for f in sub.iterdir():
       (copy / sub.name / f.name).write_bytes(f.read_bytes())
   again = _translator(loaded, copy)
-  victim = sorted(again.store.directory.glob('advance-*.program'))[0]
+  victim = sorted(again.store.directory.glob('start-*.program'))[0]
   victim.write_bytes(b'not a program')
   with caplog.at_level(logging.WARNING):
     assert again.translate_lines(loaded.params, lines) == out
