@@ -7,9 +7,11 @@ which rows are done and gathers the live ones into a smaller batch once one of t
 8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences after every
 step). It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
 length) pair it meets compiles its own step, so the first batches compile more than the
-single loop does; later batches of the same shapes reuse them. On a CPU, where the state is
-host memory, the gathers and the cache growth run in numpy and compile nothing (on other
-devices each (rows, length) pair compiles a small program for them).
+single loop does; later batches of the same shapes reuse them. A state may come with the
+first stage's steps taken (`begun`: translate.CompactingTranslate's start program takes
+them). On a CPU, where the state is host memory, the gathers and the cache growth run in
+numpy and compile nothing (on other devices each (rows, length) pair compiles a small program
+for them).
 
 Dimension legend: B batch (sentences), K beams, L output length.
 """
