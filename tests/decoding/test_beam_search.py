@@ -332,10 +332,12 @@ def test_a_search_begun_on_one_beam_equals_one_begun_on_k(vocab, k, controls):
                 **controls)
   state = search.init(jnp.arange(batch), max_lens, given)
   for steps in range(1, length + 1):
+    state = search.step(state, logits_fn, max_lens)
+    if steps not in (1, 2, 4, length):  # each number of steps compiles a scan of its own
+      continue
     seen.clear()
     begun = search.begin(logits_fn, jnp.arange(batch), max_lens, steps, given)
     assert seen[0] == batch and set(seen[1:]) <= {batch * k}, seen
-    state = search.step(state, logits_fn, max_lens)
     np.testing.assert_array_equal(search.result(begun), search.result(state))
     # equal up to float rounding: one state comes out of a compiled scan, the other not
     np.testing.assert_allclose(finalize(begun)[1], finalize(state)[1], rtol=1e-6)
