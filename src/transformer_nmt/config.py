@@ -295,8 +295,8 @@ class DecodeConfig:
 DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
 # The small jobs whose decoding programs `decode.py --precompile` makes besides its input's
 # (Translator.precompile): up to this many sentences of up to this many source subwords, EOS
-# included. 16 x 64 covers every line of Multi30k's test sets and takes 69 programs, 77 s on
-# 2 cores; a 1-line job after it takes 1.45 s instead of 3.8-4.1 s cold (bench/RESULTS.md).
+# included. 16 x 64 covers every line of Multi30k's test sets and takes 54 programs, 90 s on
+# 2 cores; a 1-line job after it takes 1.3-1.4 s instead of 3.8-4.1 s cold (bench/RESULTS.md).
 PRECOMPILE_ROWS = 16
 PRECOMPILE_LENGTH = 64
 
