@@ -127,7 +127,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
     total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
   # 2K: K finishing beams cannot starve the live ones
   cand_logp, cand = jax.lax.top_k(total, 2 * k)  # [B, 2K] over [B, width * 2K]
-  cand = jnp.minimum(cand, width * per_beam - 1)  # a padded one stands on a real one's place
+  cand = jnp.minimum(cand, width * per_beam - 1)  # padding: a real index, with NEG_INF kept
   beam = cand // per_beam
   token = jnp.take_along_axis(token.reshape(batch, -1), cand, axis=1)  # [B, 2K]
   seqs = jnp.take_along_axis(s.seqs, beam[:, :, None], axis=1)
