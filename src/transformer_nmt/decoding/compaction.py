@@ -153,9 +153,8 @@ class CompactingDecoder:
     """`chunk` steps -> (state, [B] rows done, each row's result so far). The result comes
     with every chunk, although the host reads it only for rows that leave the batch: a
     program of its own would be one more compiled (or loaded) program per batch shape."""
-    search, logits_fn = self.search_of(length), self.logits_fn_of(params)
-    state, _ = jax.lax.scan(lambda s, _: (search.step(s, logits_fn, max_lens), None), state,
-                            None, length=self.chunk)
+    search = self.search_of(length)
+    state = search.advance(state, self.logits_fn_of(params), max_lens, self.chunk)
     return state, search.rows_done(state, max_lens), search.result(state)
 
   def __call__(self, params: Any, state: Any, max_lens: jax.Array, length: int,

@@ -147,6 +147,10 @@ class Search:
     else:
       state = self.step(self.init_one(cache, max_lens, prefix), logits_fn, max_lens)
       steps -= 1
+    return self.advance(state, logits_fn, max_lens, steps)
+
+  def advance(self, state: Any, logits_fn: LogitsFn, max_lens: jax.Array, steps: int) -> Any:
+    """`steps` more steps in one `lax.scan` (jittable)."""
     state, _ = jax.lax.scan(lambda s, _: (self.step(s, logits_fn, max_lens), None), state,
                             None, length=steps)
     return state
