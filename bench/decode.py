@@ -152,8 +152,8 @@ def main(argv):
   model = load_workdir(_WORKDIR.value)
   lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_MAX_SENTENCES.value]
   rows = [np.array(ids + [model.src_tok.eos_id], np.int32) for ids in model.src_tok.encode(lines)]
-  header = (f'{len(rows)} sentences from `{_INPUT.value}`; model {model.cfg.num_layers}+'
-            f'{model.cfg.num_layers} layers, d_model {model.cfg.d_model}, checkpoint steps '
+  header = (f'{len(rows)} sentences from `{_INPUT.value}`; model {model.cfg.encoder_depth}+'
+            f'{model.cfg.decoder_depth} layers, d_model {model.cfg.d_model}, checkpoint steps '
             f'{model.steps}; batches of {_BATCH_TOKENS.value} padded source tokens.')
   print(header, flush=True)
   unknown = set(_VARIANT_NAMES.value) - set(VARIANTS)

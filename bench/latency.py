@@ -175,10 +175,11 @@ def main(argv):
       print(table[-1], flush=True)
   from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/latency.py "
-          f"{shlex.join(sys.argv[1:])}`\n\nModel {model.cfg.num_layers}+{model.cfg.num_layers} "
-          f'layers, d_model {model.cfg.d_model}, checkpoint steps {model.steps}; beam '
-          f'{_BEAM.value}, alpha {decode.alpha}, length limit input + {decode.max_extra_len}; '
-          f'decode.py computes in {_DTYPE.value or model.cfg.dtype}, chunks of '
+          f"{shlex.join(sys.argv[1:])}`\n\nModel {model.cfg.encoder_depth}+"
+          f'{model.cfg.decoder_depth} layers, d_model {model.cfg.d_model}, checkpoint steps '
+          f'{model.steps}; beam {_BEAM.value}, alpha {decode.alpha}, length limit input + '
+          f'{decode.max_extra_len}; decode.py computes in {_DTYPE.value or model.cfg.dtype}, '
+          f'chunks of '
           f'{_CHUNK.value or decode.chunk} steps, '
           f'{_CONCURRENT.value or "2 (its default on a CPU)"} batches at once. '
           f'Whole processes; the JAX runtime alone (import jax, one array): {baseline["wall"]:.2f}'

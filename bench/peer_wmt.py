@@ -67,6 +67,10 @@ def peer_program(config, devices: list, rows: int, length: int):
   models = _load(peer_dir / 'models.py', 'models')
   train = _load(peer_dir / 'train.py', 'peer_train')
   m = config.model
+  if m.num_encoder_layers not in (0, m.num_layers) or m.num_decoder_layers not in (
+      0, m.num_layers):
+    raise ValueError('the Flax WMT example has one depth for both stacks: leave '
+                     'model.num_encoder_layers and model.num_decoder_layers at 0')
   vocab = config.data.vocab_size
   peer_cfg = models.TransformerConfig(
       vocab_size=vocab, output_vocab_size=vocab, share_embeddings=True,

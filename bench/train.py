@@ -70,6 +70,11 @@ def model_section() -> dict:
   return model
 
 
+def depths(m: dict) -> tuple[int, int]:
+  """(encoder layers, decoder layers) of a model section."""
+  return m['num_encoder_layers'] or m['num_layers'], m['num_decoder_layers'] or m['num_layers']
+
+
 def fixed_lengths(batch: int, length: int, seed: int = 0):
   import numpy as np
   rng = np.random.default_rng(seed)
@@ -78,10 +83,11 @@ def fixed_lengths(batch: int, length: int, seed: int = 0):
 
 def train_flops(m: dict, batch: int, src_len: int, tgt_len: int) -> float:
   """Matmul FLOPs of one training step on the padded batch (forward x 3)."""
-  d, ff, n, v = m['d_model'], m['d_ff'], m['num_layers'], m['vocab_size']
+  d, ff, v = m['d_model'], m['d_ff'], m['vocab_size']
+  n_enc, n_dec = depths(m)
   s, t = batch * src_len, batch * tgt_len  # token positions per side
-  encoder = n * (s * (8 * d * d + 4 * d * ff) + 4 * batch * src_len * src_len * d)
-  decoder = n * (t * (8 * d * d + 4 * d * d + 4 * d * ff) + s * 4 * d * d
+  encoder = n_enc * (s * (8 * d * d + 4 * d * ff) + 4 * batch * src_len * src_len * d)
+  decoder = n_dec * (t * (8 * d * d + 4 * d * d + 4 * d * ff) + s * 4 * d * d
                  + 4 * batch * tgt_len * tgt_len * d + 4 * batch * tgt_len * src_len * d)
   return 3.0 * (encoder + decoder + t * 2 * d * v)
 
@@ -266,8 +272,8 @@ def run_torch(dtype: str) -> dict:
       self.embed = torch.nn.Embedding(v, d, padding_idx=0)
       torch.nn.init.normal_(self.embed.weight, 0.0, d ** -0.5)
       self.core = torch.nn.Transformer(
-          d_model=d, nhead=m['num_heads'], num_encoder_layers=m['num_layers'],
-          num_decoder_layers=m['num_layers'], dim_feedforward=m['d_ff'],
+          d_model=d, nhead=m['num_heads'], num_encoder_layers=depths(m)[0],
+          num_decoder_layers=depths(m)[1], dim_feedforward=m['d_ff'],
           dropout=m['residual_dropout'], batch_first=True,
           norm_first=m['norm_position'] == 'pre')
       pos = torch.arange(_LENGTH.value)[:, None]
@@ -407,7 +413,7 @@ def main(argv: list[str]) -> None:
   from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}, "
           f"{next(iter(results.values()))['device'] if results else '?'}. Command: `{command}`\n\n"
-          f"Model: {m['num_layers']}+{m['num_layers']} layers, d_model {m['d_model']}, d_ff "
+          f"Model: {'+'.join(map(str, depths(m)))} layers, d_model {m['d_model']}, d_ff "
           f"{m['d_ff']}, {m['num_heads']} heads, vocab {m['vocab_size']}, {m['norm_position']}-LN;"
           f" batch {_BATCH.value} x {_LENGTH.value} per side, {real} real tokens "
           f"({100 * (1 - real / (2 * _BATCH.value * _LENGTH.value)):.0f}% padding), "

@@ -42,6 +42,8 @@ def _base():
      'model.target_word_dropout=-0.1 must be in'),
     (lambda c: c.model.update(positional_encoding='learned'), 'positional_encoding'),
     (lambda c: c.model.update(dropout_bits=8), 'model.dropout_bits=8 must be 16 or 32'),
+    (lambda c: c.model.update(num_decoder_layers=-1),
+     r'model.num_decoder_layers=-1 must be 0 \(model.num_layers\) or positive'),
     (lambda c: c.model.update(dtype='float16'), 'model.dtype'),
     (lambda c: c.train.update(num_steps=0), 'train.num_steps=0 must be positive'),
     (lambda c: c.data.update(tokens_per_batch=-5), 'data.tokens_per_batch=-5'),

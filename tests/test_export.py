@@ -1,5 +1,6 @@
 """The CTranslate2 export reproduces our model: per-token log-probabilities of the same
-(source, target) pairs agree, for pre- and post-LN and both position variants."""
+(source, target) pairs agree, for pre- and post-LN, both position variants and an encoder
+deeper than the decoder."""
 
 import dataclasses
 import subprocess
@@ -25,11 +26,14 @@ def tokenizer(tmp_path_factory):
   return Tokenizer(path)
 
 
-@pytest.mark.parametrize('norm, positions', [('pre', 'interleaved'), ('post', 'concat')])
-def test_export_scores_match_ours(tiny_cfg, tokenizer, tmp_path, norm, positions):
+@pytest.mark.parametrize('norm, positions, depths', [('pre', 'interleaved', (0, 0)),
+                                                     ('post', 'concat', (0, 0)),
+                                                     ('pre', 'interleaved', (3, 1))])
+def test_export_scores_match_ours(tiny_cfg, tokenizer, tmp_path, norm, positions, depths):
   from transformer_nmt.export import export
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size, norm_position=norm,
-                            positional_encoding=positions)
+                            positional_encoding=positions, num_encoder_layers=depths[0],
+                            num_decoder_layers=depths[1])
   params = init_params(cfg, jax.random.key(3))
   export(cfg, params, tokenizer, tokenizer, tmp_path / 'ct2')
   src = tokenizer.encode(['the red number 7 is here'])[0] + [tokenizer.eos_id]

@@ -65,7 +65,7 @@ def build_spec(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Token
   if not cfg.tie_output:
     raise ConfigError('CTranslate2 export supports tied output projections only')
   spec = transformer_spec.TransformerSpec.from_config(
-      cfg.num_layers, cfg.num_heads, pre_norm=cfg.norm_position == 'pre')
+      (cfg.encoder_depth, cfg.decoder_depth), cfg.num_heads, pre_norm=cfg.norm_position == 'pre')
   spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   positions = np.asarray(sinusoidal_positions(jnp.arange(max_positions), cfg.d_model,
                                               cfg.positional_encoding), np.float32)

@@ -11,8 +11,10 @@ from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.model.transformer import Transformer, count_params, init_params
 
 
-def closed_form_count(vocab: int, d: int, f: int, n: int, pre_ln: bool) -> int:
-  """Shared, tied embedding + N encoder and N decoder layers (+ final LNs for pre-LN).
+def closed_form_count(vocab: int, d: int, f: int, n: int, pre_ln: bool,
+                      n_dec: int | None = None) -> int:
+  """Shared, tied embedding + N encoder and N (or n_dec) decoder layers (+ final LNs for
+  pre-LN).
 
   Attention projections have no bias (4 D^2 per attention); the FFN has biases; every
   LayerNorm has a scale and a bias (2 D).
@@ -21,7 +23,8 @@ def closed_form_count(vocab: int, d: int, f: int, n: int, pre_ln: bool) -> int:
   encoder_layer = 4 * d * d + ffn + 2 * 2 * d
   decoder_layer = 2 * 4 * d * d + ffn + 3 * 2 * d
   final_norms = 2 * 2 * d if pre_ln else 0
-  return vocab * d + n * (encoder_layer + decoder_layer) + final_norms
+  n_dec = n if n_dec is None else n_dec
+  return vocab * d + n * encoder_layer + n_dec * decoder_layer + final_norms
 
 
 @pytest.mark.parametrize('config_module, expected_millions', [(base, 63.0), (big, 213.0)])
@@ -44,6 +47,18 @@ def test_pre_ln_count_and_untied_output_count(tiny_cfg):
   shapes = jax.eval_shape(lambda key: init_params(untied, key), jax.random.key(0))
   base_count = closed_form_count(24, 32, 64, 2, pre_ln=False)
   assert count_params(shapes) == base_count + 30 * 32 + 24 * 32  # + source table + W_out
+
+
+def test_encoder_and_decoder_depths_of_their_own(tiny_cfg):
+  """model.num_encoder_layers / num_decoder_layers override num_layers for one stack."""
+  cfg = dataclasses.replace(tiny_cfg, num_layers=2, num_encoder_layers=3, num_decoder_layers=1)
+  assert (cfg.encoder_depth, cfg.decoder_depth) == (3, 1)
+  assert (tiny_cfg.encoder_depth, tiny_cfg.decoder_depth) == (2, 2)
+  shapes = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
+  assert count_params(shapes) == closed_form_count(24, 32, 64, 3, pre_ln=False, n_dec=1)
+  layers = sorted(k for k in shapes if k.endswith(tuple('0123456789')))
+  assert layers == ['decoder_layers_0', 'encoder_layers_0', 'encoder_layers_1',
+                    'encoder_layers_2']
 
 
 def test_initialisation_scales(tiny_cfg):
@@ -82,10 +97,12 @@ def test_padding_does_not_leak_into_real_positions(tiny_cfg):
   np.testing.assert_allclose(a[1, :2], b[1, :2], atol=1e-6)
 
 
-def test_cached_decoding_matches_teacher_forcing(tiny_cfg):
+@pytest.mark.parametrize('depths', [(0, 0), (3, 1)])
+def test_cached_decoding_matches_teacher_forcing(tiny_cfg, depths):
+  cfg = dataclasses.replace(tiny_cfg, num_encoder_layers=depths[0], num_decoder_layers=depths[1])
   src, tgt, s_seg, _ = _batch()
-  model = Transformer(tiny_cfg)
-  variables = {'params': init_params(tiny_cfg, jax.random.key(1))}
+  model = Transformer(cfg)
+  variables = {'params': init_params(cfg, jax.random.key(1))}
   full = model.apply(variables, src, tgt, s_seg)
   memory = model.apply(variables, src, s_seg, method=Transformer.encode)
   cache = model.apply(variables, memory, s_seg, tgt.shape[1], method=Transformer.init_cache)

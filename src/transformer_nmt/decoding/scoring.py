@@ -54,7 +54,7 @@ def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Arra
       batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
       mutable=['intermediates'])
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
-  last = state['intermediates'][f'decoder_layers_{cfg.num_layers - 1}']
+  last = state['intermediates'][f'decoder_layers_{cfg.decoder_depth - 1}']
   weights = last['cross_attention']['attention_weights'][0]  # [B, H, T, S]
   return logp, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
 

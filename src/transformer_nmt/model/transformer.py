@@ -164,8 +164,8 @@ class Transformer(nn.Module):
     if cfg.remat:  # keep only layer inputs for the backward pass; `deterministic` is static
       encoder_layer = nn.remat(EncoderLayer, static_argnums=(3,))
       decoder_layer = nn.remat(DecoderLayer, static_argnums=(5,))
-    self.encoder_layers = [encoder_layer(cfg) for _ in range(cfg.num_layers)]
-    self.decoder_layers = [decoder_layer(cfg) for _ in range(cfg.num_layers)]
+    self.encoder_layers = [encoder_layer(cfg) for _ in range(cfg.encoder_depth)]
+    self.decoder_layers = [decoder_layer(cfg) for _ in range(cfg.decoder_depth)]
     if cfg.norm_position == 'pre':  # pre-LN needs a final LayerNorm on each stack
       self.encoder_norm = _layer_norm(cfg)
       self.decoder_norm = _layer_norm(cfg)
