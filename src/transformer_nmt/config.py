@@ -31,9 +31,10 @@ class ModelConfig:
   vocab_size: int = 0  # filled from the tokenizer; target vocab when not shared
   src_vocab_size: int = 0  # only used when share_embeddings is False
   num_layers: int = 6  # N, for both encoder and decoder
-  # Layers of one stack when it differs from num_layers (0 = num_layers, the paper). A deep
-  # encoder with a shallow decoder (Kasai et al. 2021) trains about as fast and searches
-  # faster: beam search runs the decoder once per output token, the encoder once per input.
+  # Layers of one stack when it differs from num_layers (0 = num_layers, the paper). Kasai
+  # et al. (2021) keep quality with a deep encoder and a shallow decoder, and search faster:
+  # beam search runs the decoder once per output token, the encoder once per input. (On
+  # Multi30k de-en, 6+2 trailed 4+4 at every evaluation to step 2000: docs/RESULTS.md.)
   num_encoder_layers: int = 0
   num_decoder_layers: int = 0
   d_model: int = 512
