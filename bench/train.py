@@ -262,6 +262,7 @@ def run_torch(dtype: str) -> dict:
   torch.manual_seed(0)
   m = model_section()
   d, v = m['d_model'], m['vocab_size']
+  n_enc, n_dec = depths(m)
 
   class Model(torch.nn.Module):
     """torch.nn.Transformer with our hyperparameters: shared, tied embeddings scaled by
@@ -272,8 +273,8 @@ def run_torch(dtype: str) -> dict:
       self.embed = torch.nn.Embedding(v, d, padding_idx=0)
       torch.nn.init.normal_(self.embed.weight, 0.0, d ** -0.5)
       self.core = torch.nn.Transformer(
-          d_model=d, nhead=m['num_heads'], num_encoder_layers=depths(m)[0],
-          num_decoder_layers=depths(m)[1], dim_feedforward=m['d_ff'],
+          d_model=d, nhead=m['num_heads'], num_encoder_layers=n_enc,
+          num_decoder_layers=n_dec, dim_feedforward=m['d_ff'],
           dropout=m['residual_dropout'], batch_first=True,
           norm_first=m['norm_position'] == 'pre')
       pos = torch.arange(_LENGTH.value)[:, None]
