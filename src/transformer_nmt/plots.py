@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.model.transformer import Transformer, last_cross_attention
 
 
 def cross_attention(model: Any, src_ids: Sequence[int], tgt_ids: Sequence[int]) -> np.ndarray:
@@ -21,8 +21,7 @@ def cross_attention(model: Any, src_ids: Sequence[int], tgt_ids: Sequence[int]) 
   tgt_in = jnp.array([[model.tgt_tok.bos_id] + list(tgt_ids)[:-1]], jnp.int32)  # shifted right
   _, state = Transformer(model.cfg).apply({'params': model.params}, src, tgt_in,
                                           mutable=['intermediates'])
-  last = state['intermediates'][f'decoder_layers_{model.cfg.decoder_depth - 1}']
-  weights = last['cross_attention']['attention_weights'][0]  # [1, H, T, S]
+  weights = last_cross_attention(model.cfg, state['intermediates'])  # [1, H, T, S]
   return np.asarray(weights[0].mean(axis=0))
 
 

@@ -21,7 +21,7 @@ from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.programs import ProgramStore, StoredJit
-from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.model.transformer import Transformer, last_cross_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +54,7 @@ def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Arra
       batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
       mutable=['intermediates'])
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
-  last = state['intermediates'][f'decoder_layers_{cfg.decoder_depth - 1}']
-  weights = last['cross_attention']['attention_weights'][0]  # [B, H, T, S]
+  weights = last_cross_attention(cfg, state['intermediates'])  # [B, H, T, S]
   return logp, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
 
 

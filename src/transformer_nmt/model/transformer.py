@@ -259,6 +259,14 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
   return Transformer(cfg).init(rng, dummy, dummy)['params']
 
 
+def last_cross_attention(cfg: ModelConfig, intermediates: Any) -> jax.Array:
+  """The last decoder layer's encoder-decoder attention [B, H, T, S], from the
+  'intermediates' collection of a teacher-forced `Transformer.apply(..., mutable=
+  ['intermediates'])`."""
+  last = intermediates[f'decoder_layers_{cfg.decoder_depth - 1}']
+  return last['cross_attention']['attention_weights'][0]
+
+
 def count_params(params: dict) -> int:
   """Total number of scalars in a parameter pytree (works on ShapeDtypeStructs too)."""
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
