@@ -123,6 +123,10 @@ class DataConfig:
   source: str = 'text'  # 'text': the files below; 'tfds': tensorflow-datasets; 'demo': built-in
   train_src: str = ''
   train_tgt: str = ''
+  # More training pairs (parallel lists of files; source='text'), appended to train_*: e.g.
+  # other source languages with the same target (many-to-one). SentencePiece trains on all.
+  extra_train_src: tuple = ()
+  extra_train_tgt: tuple = ()
   valid_src: str = ''
   valid_tgt: str = ''
   test_src: str = ''
@@ -159,6 +163,11 @@ class DataConfig:
     _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
     _check(self.source in ('text', 'tfds', 'demo'),
            f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
+    _check(len(self.extra_train_src) == len(self.extra_train_tgt),
+           f'data.extra_train_src lists {len(self.extra_train_src)} files but '
+           f'data.extra_train_tgt {len(self.extra_train_tgt)}; they pair up one to one')
+    _check(self.source == 'text' or not self.extra_train_src,
+           f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
     _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
            '(0 = no subword sampling)')
     _check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '

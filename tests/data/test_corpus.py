@@ -46,3 +46,29 @@ def test_separate_vocabularies_train_two_models(tmp_path):
   de_only = (set(tgt_tok.pieces(range(tgt_tok.vocab_size)))
              - set(src_tok.pieces(range(src_tok.vocab_size))))
   assert any('ü' in p or 'ä' in p or 'zig' in p for p in de_only)  # German-only subwords
+
+
+def test_extra_training_pairs_follow_the_main_ones(tmp_path):
+  """data.extra_train_*: appended in order, counted, and in SentencePiece's training text."""
+  c = tiny.get_config()
+  main = corpus_lib.read_corpus(c.data, tmp_path)
+  (tmp_path / 'more.fr').write_text('le chat noir\n\nle garçon rouge\n', encoding='utf-8')
+  (tmp_path / 'more.de').write_text('die schwarze Katze\nleer\ndas rote Haus\n', encoding='utf-8')
+  c.data.update(source='text', extra_train_src=(str(tmp_path / 'more.fr'),),
+                extra_train_tgt=(str(tmp_path / 'more.de'),),
+                **{f'{split}_{side}': str(tmp_path / 'demo_data' / f'{split}.{lang}')
+                   for split in ('train', 'valid', 'test') for side, lang in (('src', 'en'),
+                                                                             ('tgt', 'de'))})
+  src, tgt, stats = corpus_lib.read_corpus(c.data, tmp_path).train
+  n = len(main.train[0])
+  assert src[:n] == main.train[0] and tgt[:n] == main.train[1]
+  assert src[n:] == ['le chat noir', 'le garçon rouge']
+  assert tgt[n:] == ['die schwarze Katze', 'das rote Haus']
+  assert (stats.lines, stats.kept, stats.empty) == (n + 3, n + 2, 1)
+  with_extra, _ = corpus_lib.tokenizers(c.data, corpus_lib.read_corpus(c.data, tmp_path),
+                                        tmp_path)
+  (tmp_path / 'main').mkdir()
+  without, _ = corpus_lib.tokenizers(c.data, main, tmp_path / 'main')
+  # 'ç' occurs only in the extra pairs: a piece of its own, not the unknown id.
+  assert without.unk_id in without.encode(['garçon'])[0]
+  assert with_extra.unk_id not in with_extra.encode(['garçon'])[0]

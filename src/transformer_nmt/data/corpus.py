@@ -60,9 +60,22 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   else:
     raise ConfigError(f"data.source={data_cfg.source!r} must be 'text', 'tfds' or 'demo'")
   test = paths['test'] if all(paths['test']) else None
-  return Corpus(train=data_lib.read_parallel(*paths['train']),
+  return Corpus(train=_read_train(paths['train'], data_cfg),
                 valid=data_lib.read_parallel(*paths['valid']),
                 test=data_lib.read_parallel(*test) if test else None)
+
+
+def _read_train(paths: tuple[str, str], data_cfg: Any) -> Lines:
+  """The training pairs of train_* followed by those of each extra_train_* pair of files."""
+  src, tgt, stats = data_lib.read_parallel(*paths)
+  for extra in zip(data_cfg.extra_train_src, data_cfg.extra_train_tgt):
+    more_src, more_tgt, more = data_lib.read_parallel(*extra)
+    logging.info('Training pairs from %s and %s: %d kept of %d (%d with an empty side)',
+                 *extra, more.kept, more.lines, more.empty)
+    src, tgt = src + more_src, tgt + more_tgt
+    stats = data_lib.ReadStats(lines=stats.lines + more.lines, kept=stats.kept + more.kept,
+                               empty=stats.empty + more.empty)
+  return src, tgt, stats
 
 
 def _read_tfds(data_cfg: Any) -> Corpus:
