@@ -49,6 +49,8 @@ def _base():
     (lambda c: c.data.update(tokens_per_batch=-5), 'data.tokens_per_batch=-5'),
     (lambda c: c.data.update(extra_train_src=('a.fr', 'a.cs'), extra_train_tgt=('a.en',)),
      'data.extra_train_src lists 2 files but data.extra_train_tgt 1'),
+    (lambda c: c.data.update(extra_train_src=('a.fr',), extra_train_tgt=('',)),
+     'data.extra_train_src and data.extra_train_tgt list an empty file name'),
     (lambda c: c.data.update(source='tfds', extra_train_src=('a.fr',), extra_train_tgt=('a.en',)),
      "data.extra_train_src needs data.source='text'"),
     (lambda c: c.train.update(typo_key=1), 'unknown option train.typo_key'),

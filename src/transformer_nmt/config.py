@@ -166,6 +166,8 @@ class DataConfig:
     _check(len(self.extra_train_src) == len(self.extra_train_tgt),
            f'data.extra_train_src lists {len(self.extra_train_src)} files but '
            f'data.extra_train_tgt {len(self.extra_train_tgt)}; they pair up one to one')
+    _check(all(self.extra_train_src) and all(self.extra_train_tgt),
+           'data.extra_train_src and data.extra_train_tgt list an empty file name')
     _check(self.source == 'text' or not self.extra_train_src,
            f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
     _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
