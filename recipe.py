@@ -135,8 +135,6 @@ def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
   from transformer_nmt.data import corpus as corpus_lib
   validate_config(config)
   d = config.data
-  if len(d.extra_test_src) != len(d.extra_test_tgt):
-    fail('data.extra_test_src and data.extra_test_tgt must list the same number of files')
   corpus = corpus_lib.read_corpus(d, workdir)
   tests = []
   if corpus.test is not None:

@@ -163,11 +163,12 @@ class DataConfig:
     _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
     _check(self.source in ('text', 'tfds', 'demo'),
            f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
-    _check(len(self.extra_train_src) == len(self.extra_train_tgt),
-           f'data.extra_train_src lists {len(self.extra_train_src)} files but '
-           f'data.extra_train_tgt {len(self.extra_train_tgt)}; they pair up one to one')
-    _check(all(self.extra_train_src) and all(self.extra_train_tgt),
-           'data.extra_train_src and data.extra_train_tgt list an empty file name')
+    for extra in ('extra_train', 'extra_test'):
+      srcs, tgts = getattr(self, f'{extra}_src'), getattr(self, f'{extra}_tgt')
+      _check(len(srcs) == len(tgts), f'data.{extra}_src and data.{extra}_tgt pair up one to '
+             f'one, but list {len(srcs)} and {len(tgts)} files')
+      _check(all(srcs) and all(tgts),
+             f'data.{extra}_src and data.{extra}_tgt list an empty file name')
     _check(self.source == 'text' or not self.extra_train_src,
            f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
     _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
