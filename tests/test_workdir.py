@@ -25,14 +25,16 @@ def test_workdir_names_every_file(tmp_path):
   joint[0].write_bytes(b'x')
   assert wd.existing_tokenizer_paths() == joint  # a joint model wins
   model = ModelConfig(vocab_size=100, d_model=8, num_heads=2)
-  wd.write_config({'model': {'d_model': 8}, 'data': {'extra_test_src': ('a', 'b')}}, model,
+  data = {'extra_test_src': ('a.de', 'b.de'), 'extra_test_tgt': ('a.en', 'b.en')}
+  wd.write_config({'model': {'d_model': 8}, 'data': data}, model,
                   {'src': 'sha256:0 pieces:100', 'tgt': 'sha256:0 pieces:100'})
   stored = wd.read_config()
-  assert stored['model'] == {'d_model': 8} and stored['data'] == {'extra_test_src': ['a', 'b']}
+  assert stored['model'] == {'d_model': 8} and stored['data'] == {k: list(v) for k, v in data.items()}
   assert json.loads(wd.config.read_text())['resolved_model']['vocab_size'] == 100
   assert wd.read_model_config() == model
   typed = wd.read_sections()  # typed, with every option the stored config leaves out
-  assert typed.data.extra_test_src == ('a', 'b') and typed.decode == DecodeConfig()
+  assert typed.data.extra_test_src == ('a.de', 'b.de') and typed.decode == DecodeConfig()
+  assert typed.data.extra_test_tgt == ('a.en', 'b.en')
   assert typed.model == {'d_model': 8}
 
 
