@@ -29,7 +29,8 @@ def test_workdir_names_every_file(tmp_path):
   wd.write_config({'model': {'d_model': 8}, 'data': data}, model,
                   {'src': 'sha256:0 pieces:100', 'tgt': 'sha256:0 pieces:100'})
   stored = wd.read_config()
-  assert stored['model'] == {'d_model': 8} and stored['data'] == {k: list(v) for k, v in data.items()}
+  assert stored['model'] == {'d_model': 8}
+  assert stored['data'] == {k: list(v) for k, v in data.items()}
   assert json.loads(wd.config.read_text())['resolved_model']['vocab_size'] == 100
   assert wd.read_model_config() == model
   typed = wd.read_sections()  # typed, with every option the stored config leaves out
