@@ -31,6 +31,7 @@ from transformer_nmt.cli import CompileCounter, main_running, use_compile_cache
 from transformer_nmt.config import (
   BEAM_STOPS,
   DECODE,
+  MBR_UTILITIES,
   PRECOMPILE_LENGTH,
   PRECOMPILE_ROWS,
   DecodeConfig,
@@ -123,12 +124,16 @@ _MAX_LEN = flags.DEFINE_integer('max_len', None, 'At most this many subwords bef
                                 'whatever the input length (0 = only --max_extra_len).')
 _NO_REPEAT = flags.DEFINE_integer('no_repeat_ngram', None, 'No n-gram of this many subwords '
                                   'twice in one output (0 = off).')
+_MBR = flags.DEFINE_enum('mbr', None, ['off', *MBR_UTILITIES], 'Minimum Bayes risk: output the '
+                         'hypothesis of the beam with the highest expected sentence BLEU or chrF '
+                         'against the others, weighted by model probability, instead of the '
+                         'likeliest (off = the paper).' + _RUN.format('mbr', DECODE.mbr))
 # flag -> the decode option it overrides
 _OVERRIDES = {'beam_size': _BEAM, 'alpha': _ALPHA, 'beam_stop': _BEAM_STOP, 'compact': _COMPACT,
               'chunk': _CHUNK, 'tokens_per_batch': _BATCH_TOKENS, 'max_extra_len': _MAX_EXTRA,
               'max_input_len': _MAX_INPUT, 'temperature': _TEMPERATURE, 'top_k': _TOP_K,
               'seed': _SEED, 'min_len': _MIN_LEN, 'max_len': _MAX_LEN,
-              'no_repeat_ngram': _NO_REPEAT}
+              'no_repeat_ngram': _NO_REPEAT, 'mbr': _MBR}
 DEFAULT_BUFFER = 2000  # lines per block of a file or pipe: memory stays bounded by a block
 _BUFFER = flags.DEFINE_integer('buffer_lines', 0, 'Lines read, translated and written per block '
                                f'(0: 1 when stdin is a terminal, so that a typed line is '
@@ -289,7 +294,8 @@ def _header(model: Any, decode: DecodeConfig) -> str:
   from transformer_nmt.decoding import ensemble
   search = (f'sampling at temperature {decode.temperature}, top-k {decode.top_k}'
             if decode.temperature > 0 else
-            f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}')
+            f'beam {decode.beam_size}, alpha {decode.alpha}, stop {decode.beam_stop}' +
+            (f', MBR {decode.mbr}' if decode.mbr != 'off' and decode.beam_size > 1 else ''))
   members = f'ensemble of {len(_WORKDIR.value)} models, ' if len(_WORKDIR.value) > 1 else ''
   cfgs = model.cfg if ensemble.is_ensemble(model.cfg) else [model.cfg]
   dtypes = '/'.join(sorted({c.dtype for c in cfgs}))

@@ -4,7 +4,8 @@
 
 1. Trains with train.py's loop (resuming; skipped when the workdir has reached train.num_steps).
 2. On the validation set only: picks the checkpoint (latest, average of the last N, best by
-   validation BLEU) with greedy search, then alpha for beam search on it.
+   validation BLEU) with greedy search, then alpha for beam search on it, then (--mbr)
+   whether a minimum Bayes risk choice among the beam's hypotheses does better.
 3. Decodes data.test_* and data.extra_test_* with the chosen settings: sacreBLEU (cased,
    detokenised) with its signature, and chrF.
 4. Writes learning curves and attention heatmaps under --plots_dir and appends a row that
@@ -24,7 +25,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
-from transformer_nmt.config import DECODE
+from transformer_nmt.config import DECODE, MBR_UTILITIES
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -38,6 +39,8 @@ _BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the alpha search 
 # BLEU above 1.0 and 1.0-1.2 above 1.75 on validation (docs/RESULTS.md).
 _ALPHAS = flags.DEFINE_list('alphas', [str(DECODE.alpha), '1.0', '1.25', '1.5', '1.75', '2.0'],
                             'Length penalties tried on validation.')
+_MBR = flags.DEFINE_list('mbr', [], 'Minimum Bayes risk utilities (decode.mbr: bleu, chrf) tried '
+                         'on validation at the best length penalty.')
 _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
                                      '(default: the config\'s decode.tokens_per_batch).')
@@ -55,6 +58,8 @@ def checked_run() -> None:
     alphas = [float(a) for a in _ALPHAS.value]
   except ValueError:
     fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
+  if not set(_MBR.value) <= set(MBR_UTILITIES):
+    fail(f'--mbr={",".join(_MBR.value)}: expected utilities among {",".join(MBR_UTILITIES)}')
   if any(v is not None and v < 1 for v in (_BEAM.value, _BATCH_TOKENS.value)) or \
       _AVERAGE.value < 0:
     fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
@@ -124,7 +129,7 @@ def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) ->
   # here, defaults changed since training) would only take disk space
   own = decode == Workdir(workdir).read_sections().decode
   return report.select(workdir, *valid, decode=decode, alphas=alphas,
-                       average_last=_AVERAGE.value, log=logging.info,
+                       average_last=_AVERAGE.value, log=logging.info, mbr=_MBR.value,
                        programs=Workdir(workdir).programs if own else None)
 
 

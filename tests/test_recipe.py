@@ -92,14 +92,17 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert not Workdir(workdir).hypotheses('test').exists()
 
   first = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6,1.0',
-                     '--average_last', '2', '--attention_sentences', '2')
+                     '--average_last', '2', '--attention_sentences', '2', '--mbr', 'chrf')
   assert first.returncode == 0, first.stderr[-3000:]
   assert 'has reached step 20: not training' in first.stderr
   selection = json.loads(Workdir(workdir).selection.read_text())
   labels = [(c, s) for c, s, _ in selection['trials']]
   assert labels[:3] == [('latest', 'greedy'), ('average of last 2', 'greedy'),
                         ('best', 'greedy')]
-  assert [s for _, s in labels[3:]] == ['beam 2, alpha 0.6', 'beam 2, alpha 1.0']
+  beams = [b for c, s, b in selection['trials'][3:5]]
+  best_alpha = ('0.6', '1.0')[beams.index(max(beams))]  # the first of equals
+  assert [s for _, s in labels[3:]] == ['beam 2, alpha 0.6', 'beam 2, alpha 1.0',
+                                        f'beam 2, alpha {best_alpha}, MBR chrf']
   # the chosen setting is the best validation trial on the chosen checkpoint
   chosen = [b for c, _, b in selection['trials'] if c == selection['checkpoint']]
   assert selection['valid_bleu'] == max(chosen)
@@ -133,6 +136,9 @@ def test_recipe_rejects_bad_flags(tmp_path):
   assert result.returncode == 2
   assert 'error: --alphas=0.6,abc: expected numbers' in result.stderr
   assert 'Traceback' not in result.stderr
+  result = run_recipe(tmp_path / 'run', tmp_path, '--mbr', 'bleu,ter')
+  assert result.returncode == 2 and 'Traceback' not in result.stderr
+  assert 'error: --mbr=bleu,ter: expected utilities among bleu,chrf' in result.stderr
   assert not (tmp_path / 'run').exists()
 
 

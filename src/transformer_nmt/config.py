@@ -263,6 +263,7 @@ class EvalConfig:
 
 
 BEAM_STOPS = ('bound', 'k_finished')
+MBR_UTILITIES = ('bleu', 'chrf')  # decode.mbr, besides 'off' (decoding/mbr.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +303,9 @@ class DecodeConfig:
   min_len: int = 0
   max_len: int = 0
   no_repeat_ngram: int = 0
+  # 'off' (the paper: the likeliest hypothesis) or a sentence-level utility, 'bleu' or 'chrf':
+  # minimum Bayes risk choice among the beam's beam_size finished hypotheses (decoding/mbr.py).
+  mbr: str = 'off'
 
   def validate(self) -> DecodeConfig:
     _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
@@ -318,6 +322,10 @@ class DecodeConfig:
            'positive')
     _check(not self.max_len or self.min_len <= self.max_len,
            f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
+    _check(self.mbr in ('off',) + MBR_UTILITIES,
+           f'decode.mbr={self.mbr!r} must be one of {["off", *MBR_UTILITIES]}')
+    _check(self.mbr == 'off' or self.temperature == 0, f'decode.mbr={self.mbr!r} chooses among '
+           'beam search hypotheses: it needs decode.temperature=0')
     return self
 
 

@@ -51,6 +51,7 @@ class Selection:
   checkpoint: str  # 'latest', 'average of last N', 'best' or 'EMA'
   beam_size: int
   alpha: float
+  mbr: str  # decode.mbr: 'off' or the utility of the minimum Bayes risk choice
   valid_bleu: float
   valid_sentences: int
   table: list[tuple[str, str, float]]  # (checkpoint, search, validation BLEU) of every trial
@@ -83,11 +84,13 @@ def checkpoint_candidates(workdir: str | os.PathLike,
 
 def select(workdir: str | os.PathLike, sources: Sequence[str], references: Sequence[str], *,
            decode: DecodeConfig, alphas: Sequence[float], average_last: int,
-           log: Log, programs: Optional[str | os.PathLike] = None
+           log: Log, programs: Optional[str | os.PathLike] = None, mbr: Sequence[str] = ()
            ) -> tuple[Selection, Translator]:
   """Chooses on validation data only: first the checkpoint (greedy BLEU, which is cheap), then
-  the length penalty alpha for beam search of `decode.beam_size` on that checkpoint (greedy if
-  no alpha beats it). `decode` gives the other search settings. With `programs` (the workdir's
+  the length penalty alpha for beam search of `decode.beam_size` on that checkpoint, then
+  whether the minimum Bayes risk choice with a utility in `mbr` (decode.mbr) does better at
+  the best alpha (greedy if none of these beats it). `decode` gives the other search
+  settings. With `programs` (the workdir's
   Workdir.programs) the beam search with `decode`'s own alpha keeps its compiled programs
   there: when `decode` is the workdir's own section, they are the ones decode.py calls by
   default, so that its first run need not compile them.
@@ -109,18 +112,28 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
       best = (bleu, label, model)
   assert best is not None and greedy is not None  # load_workdir raises without checkpoints
   greedy_bleu, label, model = best
-  chosen = (greedy_bleu, 1, 0.0, greedy)
-  for alpha in alphas:
-    beam = Translator(model.cfg, model.src_tok, model.tgt_tok,
-                      dataclasses.replace(decode, alpha=alpha, temperature=0.0),
-                      programs=programs if alpha == decode.alpha else None)
-    bleu = score(beam, model, sources, references).bleu
-    log(f'validation: {label}, beam {beam_size} alpha {alpha}: BLEU {bleu:.2f}')
-    table.append((label, f'beam {beam_size}, alpha {alpha}', bleu))
+  chosen: tuple[float, Optional[DecodeConfig], Translator] = (greedy_bleu, None, greedy)
+
+  def trial(search: DecodeConfig) -> float:
+    nonlocal chosen
+    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, search,
+                            programs=programs if search.alpha == decode.alpha else None)
+    bleu = score(translator, model, sources, references).bleu
+    name = f'beam {beam_size}, alpha {search.alpha}' + (
+        f', MBR {search.mbr}' if search.mbr != 'off' else '')
+    log(f'validation: {label}, {name}: BLEU {bleu:.2f}')
+    table.append((label, name, bleu))
     if bleu > chosen[0]:
-      chosen = (bleu, beam_size, alpha, beam)
-  bleu, k, alpha, translator = chosen
-  return Selection(model, label, k, alpha, bleu, len(sources), table), translator
+      chosen = (bleu, search, translator)
+    return bleu
+
+  beams = [dataclasses.replace(decode, alpha=a, temperature=0.0, mbr='off') for a in alphas]
+  scores = [trial(search) for search in beams]
+  for utility in mbr if beams else ():
+    trial(dataclasses.replace(beams[scores.index(max(scores))], mbr=utility))
+  bleu, search, translator = chosen
+  k, alpha, how = (1, 0.0, 'off') if search is None else (beam_size, search.alpha, search.mbr)
+  return Selection(model, label, k, alpha, how, bleu, len(sources), table), translator
 
 
 def selection_json(selection: Selection, tests: Sequence[tuple[str, Scored]]) -> str:
@@ -128,7 +141,7 @@ def selection_json(selection: Selection, tests: Sequence[tuple[str, Scored]]) ->
   validation, every trial, and the test-set scores with their signatures."""
   return json.dumps(
       {'checkpoint': selection.checkpoint, 'steps': selection.model.steps,
-       'beam_size': selection.beam_size, 'alpha': selection.alpha,
+       'beam_size': selection.beam_size, 'alpha': selection.alpha, 'mbr': selection.mbr,
        'valid_bleu': selection.valid_bleu, 'trials': selection.table,
        'tests': {name: {'bleu': s.bleu, 'chrf': s.chrf, 'signature': s.signature,
                         'chrf_signature': s.chrf_signature} for name, s in tests}}, indent=2)
@@ -175,7 +188,8 @@ def results_row(*, config: str, direction: str, steps: int, train_seconds: Optio
                 plots: Sequence[str]) -> str:
   """One markdown table row (see RESULTS_HEADER)."""
   search = ('greedy' if selection.beam_size == 1
-            else f'beam {selection.beam_size}, α {selection.alpha:g}')
+            else f'beam {selection.beam_size}, α {selection.alpha:g}' +
+            (f', MBR {selection.mbr}' if selection.mbr != 'off' else ''))
   scores = ('; '.join(f'{name}: **{s.bleu:.2f}** / {s.chrf:.2f}' for name, s in tests)
             or 'not decoded')
   links = ' '.join(f'[{pathlib.Path(p).stem}]({p})' for p in plots)

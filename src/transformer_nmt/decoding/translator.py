@@ -29,6 +29,7 @@ from transformer_nmt.decoding import ensemble, heap, snapshots
 from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
@@ -262,6 +263,9 @@ class Translator:
                         '(and 1 when sampling)')
     self.src_tok, self.tgt_tok, self.tokens_per_batch = src_tok, tgt_tok, d.tokens_per_batch
     self.max_input_len, self.alpha, self.n_best = d.max_input_len, d.alpha, n_best
+    # MBR chooses among all the beam's hypotheses; the programs are those of that n-best
+    self.mbr = d.mbr if d.beam_size > 1 else 'off'
+    searched = d.beam_size if self.mbr != 'off' else n_best
     self.length_growth = d.length_growth
     if concurrent_batches < 0:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
@@ -277,11 +281,12 @@ class Translator:
     search = dict(bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=tgt_tok.pad_id,
                   beam_size=d.beam_size, alpha=d.alpha, max_extra_len=d.max_extra_len,
                   chunk=d.chunk, temperature=d.temperature, top_k=d.top_k, beam_stop=d.beam_stop,
-                  n_best=n_best, min_len=d.min_len, max_len=d.max_len,
+                  n_best=searched, min_len=d.min_len, max_len=d.max_len,
                   no_repeat_ngram=d.no_repeat_ngram)
     self.compact = d.compact and cache_mode == 'cached'
     self.store = None if programs is None else ProgramStore(programs, identity(
-        models=cfg, decode=d, n_best=n_best, cache_mode=cache_mode, grow_cache=grow_cache,
+        models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched,
+        cache_mode=cache_mode, grow_cache=grow_cache,
         tokens=(tgt_tok.bos_id, tgt_tok.eos_id, tgt_tok.pad_id)))
     if self.compact:
       self._translate = CompactingTranslate(cfg, **search, min_rows=_MIN_ROWS, store=self.store)
@@ -297,7 +302,8 @@ class Translator:
                     progress: Optional[Callable[[int], None]] = None,
                     prefixes: Optional[Sequence[np.ndarray]] = None) -> list[np.ndarray]:
     """rows: source ids ending in EOS -> output ids (without EOS), in the order of `rows`;
-    each output starts with its row's prefix ids (target ids, no EOS) when given."""
+    each output starts with its row's prefix ids (target ids, no EOS) when given. The
+    search's best: `decode.mbr` applies to `translate_lines` and `hypotheses` only."""
     return [best[0] for best in self._search(params, rows, progress, prefixes)]
 
   def _search(self, params: Any, rows: Sequence[np.ndarray],
@@ -388,10 +394,12 @@ class Translator:
                  prefixes: Optional[Sequence[str]] = None
                  ) -> list[tuple[list[str], list[Hypothesis]]]:
     """Sentences -> per line (source subwords with EOS, up to n_best hypotheses, best first),
-    each hypothesis scored by forced decoding (prefix included). An empty line gives no
-    hypotheses. A line longer than `decode.max_input_len` tokens gives one hypothesis: its
-    pieces' best translations joined (see `translate_lines`), scores summed, alignments into
-    the line."""
+    each hypothesis scored by forced decoding (prefix included). Best is the search's order,
+    or with `decode.mbr` the highest expected utility among all the beam's hypotheses
+    (mbr.mbr_order). An empty line gives no hypotheses. A line longer than
+    `decode.max_input_len` tokens gives one hypothesis: its pieces' best translations joined
+    (see `translate_lines`; with MBR each piece's choice), scores summed, alignments into the
+    line."""
     pieces, owner = self._split(lines)
     rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
     found = self._search(params, rows, progress, self._prefix_ids(prefixes, owner))
@@ -402,6 +410,9 @@ class Translator:
     result: list[tuple[list[str], list[Hypothesis]]] = [([], []) for _ in lines]
     for p, hyps in enumerate(found):
       made = [self._hypothesis(h, next(scored)) for h in hyps]
+      if self.mbr != 'off':
+        order = mbr_order([h.text for h in made], [h.logprob for h in made], self.mbr)
+        made = [made[i] for i in order[:self.n_best]]
       source, kept = result[owner[p]]
       if not kept:
         kept += made  # in the search's order (its own scores, best first)
@@ -440,7 +451,10 @@ class Translator:
     target text per line, '' for none) each translation starts with its line's prefix. A
     line longer than `decode.max_input_len` tokens is translated in pieces (see `_pieces`),
     which are joined with spaces (the prefix starts the first); how many lines were split or
-    truncated goes to the log."""
+    truncated goes to the log. With `decode.mbr` each is `hypotheses`' first."""
+    if self.mbr != 'off':
+      return [hyps[0].text if hyps else '' for _, hyps in
+              self.hypotheses(params, lines, progress, prefixes)]
     pieces, owner = self._split(lines)
     rows = [np.array(ids + [self.src_tok.eos_id], np.int32) for ids in pieces]
     outputs = self.translate_ids(params, rows, progress, self._prefix_ids(prefixes, owner))

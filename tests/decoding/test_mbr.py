@@ -1,0 +1,52 @@
+"""Minimum Bayes risk choice (mbr.py) and decode.mbr through the Translator, on the tiny
+trained workdir."""
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from transformer_nmt.config import DecodeConfig
+from transformer_nmt.decoding.mbr import expected_utilities, mbr_order
+from transformer_nmt.decoding.translator import Translator
+
+
+def test_the_consensus_wins_over_the_likeliest_outlier():
+  texts = ['a dog runs on the beach', 'a cat sleeps', 'a dog runs on the sand',
+           'the dog runs on the beach']
+  logprobs = np.log([0.4, 0.45, 0.1, 0.05])  # the outlier is the likeliest
+  order = mbr_order(texts, logprobs, 'bleu')
+  assert order[0] == 0  # the likeliest, index 1, is not chosen
+  bleu = sacrebleu.metrics.BLEU(effective_order=True)
+  weights = np.array([0.4, 0.45, 0.1, 0.05])
+  by_hand = [sum(w * bleu.sentence_score(h, [r]).score for r, w in zip(texts, weights))
+             for h in texts]
+  assert expected_utilities(texts, logprobs, 'bleu') == pytest.approx(by_hand)
+
+
+def test_weights_decide_between_two_and_ties_keep_the_search_order():
+  texts = ['a man plays the guitar', 'two women walk in a park']  # nothing in common
+  assert mbr_order(texts, [-3.0, -1.0], 'chrf') == [1, 0]  # its own weight decides
+  assert mbr_order(texts, [-1.0, -3.0], 'chrf') == [0, 1]
+  same = ['a man plays', 'a man plays', 'two women walk']  # two equal hypotheses tie
+  assert mbr_order(same, [-2.0, -1.5, -2.0], 'bleu') == [0, 1, 2]
+  assert mbr_order(['x'], [-1.0], 'bleu') == [0] and mbr_order([], [], 'bleu') == []
+  with pytest.raises(ValueError, match="MBR utility 'ter'"):
+    expected_utilities(texts, [0.0, 0.0], 'ter')
+
+
+@pytest.mark.parametrize('utility', ['bleu', 'chrf'])
+def test_translator_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines, utility):
+  decode = DecodeConfig(beam_size=4, max_extra_len=6)
+  make = lambda d, n: Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, d, n_best=n)  # noqa: E731
+  chosen = DecodeConfig(beam_size=4, max_extra_len=6, mbr=utility)
+  searched = make(decode, 4).hypotheses(loaded.params, lines)
+  reordered = make(chosen, 4).hypotheses(loaded.params, lines)
+  outputs = make(chosen, 1).translate_lines(loaded.params, [''] + lines)
+  assert outputs[0] == ''
+  for (_, beam), (_, mbr), out in zip(searched, reordered, outputs[1:]):
+    assert sorted(h.text for h in mbr) == sorted(h.text for h in beam)  # the same hypotheses
+    gains = expected_utilities([h.text for h in beam], [h.logprob for h in beam], utility)
+    assert mbr[0].text == beam[int(np.argmax(gains))].text == out
+  one = make(chosen, 2).hypotheses(loaded.params, lines[:3])
+  assert all(len(hyps) <= 2 for _, hyps in one)
+  assert [hyps[0].text for _, hyps in one] == outputs[1:4]
