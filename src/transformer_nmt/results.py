@@ -90,10 +90,10 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   the length penalty alpha for beam search of `decode.beam_size` on that checkpoint, then
   whether the minimum Bayes risk choice with a utility in `mbr` (decode.mbr) does better at
   the best alpha (greedy if none of these beats it). `decode` gives the other search
-  settings. With `programs` (the workdir's
-  Workdir.programs) the beam search with `decode`'s own alpha keeps its compiled programs
-  there: when `decode` is the workdir's own section, they are the ones decode.py calls by
-  default, so that its first run need not compile them.
+  settings. With `programs` (the workdir's Workdir.programs) the beam search with `decode`'s
+  own alpha and MBR setting keeps its compiled programs there: when `decode` is the
+  workdir's own section, they are the ones decode.py calls by default, so that its first run
+  need not compile them.
 
   Returns the selection and a translator with the chosen search settings.
   """
@@ -117,7 +117,8 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   def trial(search: DecodeConfig) -> float:
     nonlocal chosen
     translator = Translator(model.cfg, model.src_tok, model.tgt_tok, search,
-                            programs=programs if search.alpha == decode.alpha else None)
+                            programs=programs if (search.alpha, search.mbr) == (
+                                decode.alpha, decode.mbr) else None)
     bleu = score(translator, model, sources, references).bleu
     name = f'beam {beam_size}, alpha {search.alpha}' + (
         f', MBR {search.mbr}' if search.mbr != 'off' else '')
