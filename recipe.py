@@ -39,8 +39,9 @@ _BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the alpha search 
 # BLEU above 1.0 and 1.0-1.2 above 1.75 on validation (docs/RESULTS.md).
 _ALPHAS = flags.DEFINE_list('alphas', [str(DECODE.alpha), '1.0', '1.25', '1.5', '1.75', '2.0'],
                             'Length penalties tried on validation.')
-_MBR = flags.DEFINE_list('mbr', [], 'Minimum Bayes risk utilities (decode.mbr: bleu, chrf) tried '
-                         'on validation at the best length penalty.')
+_MBR = flags.DEFINE_list('mbr', list(MBR_UTILITIES), 'Minimum Bayes risk utilities (decode.mbr: '
+                         'bleu, chrf) tried on validation at the best length penalty; empty: '
+                         'none.')
 _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
 _BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
                                      '(default: the config\'s decode.tokens_per_batch).')

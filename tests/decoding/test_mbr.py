@@ -1,11 +1,15 @@
 """Minimum Bayes risk choice (mbr.py) and decode.mbr through the Translator, on the tiny
 trained workdir."""
 
+import dataclasses
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import sacrebleu
+from conftest import ROOT
 
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.mbr import expected_utilities, mbr_order
 from transformer_nmt.decoding.translator import Translator
 
@@ -36,9 +40,10 @@ def test_weights_decide_between_two_and_ties_keep_the_search_order():
 
 @pytest.mark.parametrize('utility', ['bleu', 'chrf'])
 def test_translator_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines, utility):
-  decode = DecodeConfig(beam_size=4, max_extra_len=6)
+  decode = dataclasses.replace(loaded.decode, max_extra_len=6)  # decode.py's search below
+  assert decode.beam_size == 4 and decode.mbr == 'off'
   make = lambda d, n: Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, d, n_best=n)  # noqa: E731
-  chosen = DecodeConfig(beam_size=4, max_extra_len=6, mbr=utility)
+  chosen = dataclasses.replace(decode, mbr=utility)
   searched = make(decode, 4).hypotheses(loaded.params, lines)
   reordered = make(chosen, 4).hypotheses(loaded.params, lines)
   outputs = make(chosen, 1).translate_lines(loaded.params, [''] + lines)
@@ -50,3 +55,17 @@ def test_translator_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, li
   one = make(chosen, 2).hypotheses(loaded.params, lines[:3])
   assert all(len(hyps) <= 2 for _, hyps in one)
   assert [hyps[0].text for _, hyps in one] == outputs[1:4]
+
+
+def test_decode_py_mbr_flag_gives_the_translators_choice(tiny_workdir, loaded, lines, tmp_path):
+  source, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
+  source.write_text('\n'.join(lines) + '\n')
+  run = subprocess.run([sys.executable, 'decode.py', '--workdir', str(tiny_workdir), '--input',
+                        str(source), '--output', str(out), '--mbr', 'chrf', '--max_extra_len',
+                        '6'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert 'beam 4, alpha 0.6, stop bound, MBR chrf' in run.stderr
+  chosen = dataclasses.replace(loaded.decode, max_extra_len=6, mbr='chrf')
+  expected = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, chosen).translate_lines(
+      loaded.params, lines)
+  assert out.read_text().splitlines() == expected
