@@ -2,6 +2,7 @@
 
 import json
 import logging
+import multiprocessing
 
 import pytest
 
@@ -40,34 +41,48 @@ def test_bad_values_are_refused(option, value):
     validate_config(config)
 
 
-@pytest.mark.slow
-def test_a_run_stops_early_and_a_profile_is_written(tmp_path, monkeypatch, caplog):
-  """Scripted validation BLEU (the evaluation is replaced): with patience 2 the run stops at
-  the second evaluation without a better score, saving that step; a rerun trains no more.
-  Step 2 is profiled into WORKDIR/profile."""
+def _stop_early_with_a_profile(workdir: str) -> tuple[str, str]:
+  """Two runs of the loop with scripted validation BLEU (the evaluation is replaced) and step
+  2 profiled: the log of each. Runs in a fresh process: jax.profiler.start_trace has crashed
+  (a segfault) late in a long test process, never in a process of its own such as train.py."""
   from configs import tiny
   from transformer_nmt.training import loop
 
+  messages: list[str] = []
+  handler = logging.Handler()
+  handler.emit = lambda record: messages.append(record.getMessage())
+  logging.getLogger().addHandler(handler)
+  logging.getLogger().setLevel(logging.INFO)
   scripted = {1: 1.0, 2: 3.0, 3: 2.0, 4: 2.5, 5: 9.0}
-  monkeypatch.setattr(loop, 'evaluate', lambda exp, params, config, step, final=False:
-                      {'eval_loss': 1.0, 'eval_bleu': scripted[step]})
+  loop.evaluate = lambda exp, params, config, step, final=False: {
+      'eval_loss': 1.0, 'eval_bleu': scripted[step]}
   config = tiny.get_config()
   config.data.update(demo_sizes=(200, 10, 10), spm_alpha=0.2)  # the loop with sampled epochs
   config.train.update(num_steps=8, eval_every=1, log_every=1, checkpoint_every=100,
                       patience=2, profile_steps=(2, 1))
+  logs = []
+  for _ in range(2):
+    loop.train_and_evaluate(config, workdir)
+    logs.append('\n'.join(messages))
+    messages.clear()
+  return logs[0], logs[1]
+
+
+@pytest.mark.slow
+def test_a_run_stops_early_and_a_profile_is_written(tmp_path):
+  """With patience 2 the run stops at the second evaluation without a better score, saving
+  that step; a rerun trains no more. Step 2 is profiled into WORKDIR/profile."""
   workdir = tmp_path / 'run'
-  caplog.set_level(logging.INFO)
-  loop.train_and_evaluate(config, str(workdir))
+  with multiprocessing.get_context('spawn').Pool(1) as pool:
+    first, second = pool.apply(_stop_early_with_a_profile, (str(workdir),))
   assert 'Stopped early at step 4: no better validation BLEU in 2 evaluations (best 3.00 at ' \
-         'step 2)' in caplog.text
+         'step 2)' in first
   rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert max(r['step'] for r in rows) == 4
   assert sorted(p.name for p in (workdir / 'checkpoints').iterdir() if p.name.isdigit()) == ['4']
   assert (workdir / 'best' / '2').is_dir()
   traces = list((workdir / 'profile').rglob('*.xplane.pb'))
   assert traces and any(b'train_step' in t.read_bytes() for t in traces)
-  assert 'Profiled steps 2-2' in caplog.text
-  caplog.clear()
-  loop.train_and_evaluate(config, str(workdir))
-  assert 'Stopped early before' in caplog.text
+  assert 'Profiled steps 2-2' in first
+  assert 'Stopped early before' in second
   assert len((workdir / 'metrics.jsonl').read_text().splitlines()) == len(rows)
