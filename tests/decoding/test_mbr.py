@@ -69,3 +69,19 @@ def test_decode_py_mbr_flag_gives_the_translators_choice(tiny_workdir, loaded, l
   expected = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, chosen).translate_lines(
       loaded.params, lines)
   assert out.read_text().splitlines() == expected
+
+
+def test_the_translator_outputs_whatever_mbr_order_puts_first(loaded, lines, monkeypatch):
+  """On the tiny model MBR agrees with the search on these lines, so the wiring is checked
+  with an order that always puts the search's last hypothesis first."""
+  from transformer_nmt.decoding import translator as translator_lib
+  decode = dataclasses.replace(loaded.decode, max_extra_len=6)
+  searched = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
+                        n_best=4).hypotheses(loaded.params, lines)
+  assert any(len(hyps) > 1 for _, hyps in searched)
+  monkeypatch.setattr(translator_lib, 'mbr_order', lambda texts, logprobs, utility:
+                      list(range(len(texts)))[::-1])
+  outputs = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
+                       dataclasses.replace(decode, mbr='bleu')).translate_lines(loaded.params,
+                                                                              lines)
+  assert outputs == [hyps[-1].text for _, hyps in searched]
