@@ -1,6 +1,7 @@
 """train.py end to end on the tiny config, and its handling of bad input."""
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -8,13 +9,17 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import COMPILE_CACHE, ROOT, shared_compile_cache
 
 
-def run_train(workdir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+def run_train(workdir: pathlib.Path, *flags: str,
+              shared_cache: bool = True) -> subprocess.CompletedProcess:
+  """train.py on the tiny config; with `shared_cache` off, it keeps WORKDIR/compile_cache."""
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          *flags]
-  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  env = shared_compile_cache() if shared_cache else {
+      k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def run_decode(workdir: pathlib.Path, *flags: str, stdin: str) -> subprocess.CompletedProcess:
@@ -31,9 +36,12 @@ def test_train_end_to_end_then_resume(tmp_path):
   workdir = tmp_path / 'run'
   first = run_train(workdir)
   assert first.returncode == 0, first.stderr[-3000:]
-  for name in ('config.json', 'spm.model', 'metrics.jsonl', 'checkpoints/20', 'tensorboard',
-               'compile_cache'):
+  for name in ('config.json', 'spm.model', 'metrics.jsonl', 'checkpoints/20', 'tensorboard'):
     assert (workdir / name).exists(), name
+  # JAX_COMPILATION_CACHE_DIR (the suite's shared cache) replaces WORKDIR/compile_cache
+  assert not (workdir / 'compile_cache').exists()
+  cached = set(COMPILE_CACHE.iterdir())
+  assert cached
   rows = metrics(workdir)
   train_rows = [r for r in rows if 'train_loss' in r]
   assert [r['step'] for r in train_rows] == [5, 10, 15, 20]
@@ -46,6 +54,7 @@ def test_train_end_to_end_then_resume(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert 'Resumed from checkpoint at step 20' in second.stderr
   assert 'Training SentencePiece' not in second.stderr  # the workdir's tokenizer is reused
+  assert set(COMPILE_CACHE.iterdir()) == cached  # every program loaded, none compiled anew
   new_rows = metrics(workdir)[len(rows):]
   assert [r['step'] for r in new_rows if 'train_loss' in r] == [25, 30]
   assert (workdir / 'checkpoints/30').exists()
@@ -55,6 +64,24 @@ def _assert_clean_failure(result: subprocess.CompletedProcess, message: str) -> 
   assert result.returncode != 0
   assert message in result.stderr, result.stderr[-2000:]
   assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+
+
+def test_the_compile_cache_is_the_workdirs_unless_jax_compilation_cache_dir_names_one(
+    tmp_path, monkeypatch):
+  import jax
+
+  from transformer_nmt.cli import use_compile_cache
+  settings = {}
+  monkeypatch.setattr(jax.config, 'update', settings.__setitem__)  # this process's stays as is
+  own, shared = str(tmp_path / 'run' / 'compile_cache'), str(tmp_path / 'shared')
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  use_compile_cache(own)
+  assert settings['jax_compilation_cache_dir'] == own
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', shared)
+  use_compile_cache(own)
+  assert settings['jax_compilation_cache_dir'] == shared
+  use_compile_cache(own, min_free_bytes=2 ** 60)  # a disk too short: no cache, not even JAX's
+  assert settings['jax_compilation_cache_dir'] is None
 
 
 @pytest.mark.parametrize('flag, message', [
@@ -100,7 +127,8 @@ def test_interrupt_saves_a_checkpoint_to_resume_from(tmp_path, signum):
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000',
          '--config.train.eval_every=100000']
-  proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=shared_compile_cache(), stderr=subprocess.PIPE,
+                          text=True)
   deadline = time.time() + 120
   for line in proc.stderr:  # wait until training is under way
     if 'step 10/' in line or time.time() > deadline:
@@ -128,7 +156,8 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path, accumul
   workdir = tmp_path / 'killed'
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--config.train.num_steps=100000', *flags]
-  proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=shared_compile_cache(), stderr=subprocess.PIPE,
+                          text=True)
   for line in proc.stderr:
     if 'step 19/' in line:  # past the checkpoint at step 8
       break
@@ -223,7 +252,8 @@ def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
   workdir = tmp_path / 'run'
   cmd = [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--config.train.num_steps=40', '--config.train.log_every=1']
-  first = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  first = subprocess.Popen(cmd, cwd=ROOT, env=shared_compile_cache(), stderr=subprocess.PIPE,
+                          text=True)
   for line in first.stderr:  # the first run holds the workdir
     if 'step 2/' in line:
       break
@@ -273,7 +303,7 @@ def test_a_full_disk_or_a_read_only_one_fails_in_one_line(tmp_path):
   disk = tmp_path / 'disk'
   _mount_tmpfs(disk, '700k')  # room for the corpus and tokenizer, not for the checkpoints
   try:
-    full = run_train(disk / 'run')
+    full = run_train(disk / 'run', shared_cache=False)
     _assert_clean_failure(full, 'no space left on the disk')
     assert 'not keeping compiled programs there' in full.stderr  # the cache went first
     subprocess.run(['mount', '-o', 'remount,ro', str(disk)], check=True)

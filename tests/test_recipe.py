@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, shared_compile_cache
 
 from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.decoding.translator import load_workdir
@@ -72,7 +72,8 @@ def run_recipe(workdir, tmp_path, *flags):
   cmd = [sys.executable, 'recipe.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
          '--results', str(tmp_path / 'docs' / 'RESULTS.md'),
          '--plots_dir', str(tmp_path / 'docs' / 'plots'), *flags]
-  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  return subprocess.run(cmd, cwd=ROOT, env=shared_compile_cache(), capture_output=True,
+                        text=True, timeout=600)
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import errno
 import logging
+import os
 import pathlib
 import shutil
 import sys
@@ -57,10 +58,16 @@ def use_compile_cache(directory: str, min_free_bytes: int = 2 ** 30) -> None:
   rerun that meets the same shapes loads them instead of compiling again: decoding compiles
   one search step per batch size and cache length it meets, tens of seconds per file.
 
+  When JAX_COMPILATION_CACHE_DIR is set, that directory is used instead: one cache for many
+  runs (a sweep, a test suite), since a run only finds programs cached under the same path
+  (jax 0.10 puts paths derived from the cache directory into the compile options that key
+  its entries), so no two workdirs' own caches ever share one.
+
   The cache is the first thing to go when the disk is short: with less than `min_free_bytes`
   free where it would live, it is not used (with a warning), so that checkpoints fit.
   """
   import jax
+  directory = os.environ.get('JAX_COMPILATION_CACHE_DIR') or directory
   existing = pathlib.Path(directory).absolute()
   while not existing.exists() and existing != existing.parent:
     existing = existing.parent
@@ -68,6 +75,7 @@ def use_compile_cache(directory: str, min_free_bytes: int = 2 ** 30) -> None:
   if free < min_free_bytes:
     logging.warning('Only %.2f GiB free on the disk of %s: not keeping compiled programs there '
                     '(their cache can take gigabytes)', free / 2 ** 30, directory)
+    jax.config.update('jax_compilation_cache_dir', None)  # JAX took the variable at import
     return
   jax.config.update('jax_compilation_cache_dir', directory)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)  # default 1 s skips many

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, shared_compile_cache
 
 from transformer_nmt.training.preemption import StopRequest
 
@@ -48,7 +48,8 @@ def test_sigterm_during_evaluation_stops_it_and_saves(tmp_path):
          '--config.train.log_every=4', '--config.train.checkpoint_every=1000',
          '--config.data.demo_sizes=(400,3000,20)', '--config.eval.bleu_sentences=0']
   with open(log, 'w') as err:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=shared_compile_cache(), stderr=err,
+                            stdout=subprocess.DEVNULL)
     _wait_for(log, 'step 4/1000')  # logged just before the evaluation of step 4 starts
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 130
