@@ -89,9 +89,10 @@ _PRECOMPILE_ROWS = flags.DEFINE_integer('precompile_rows', PRECOMPILE_ROWS, 'Wit
 _PRECOMPILE_LENGTH = flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up '
                                           'to this many source subwords, EOS included.')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'With --noprograms: keep compiled '
-                                   'programs in WORKDIR/compile_cache, so a later run with the '
-                                   'same batch shapes skips most compilation (JAX persistent '
-                                   'cache; it still traces every program).')
+                                   'programs in WORKDIR/compile_cache (or in '
+                                   '$JAX_COMPILATION_CACHE_DIR), so a later run with the same '
+                                   'batch shapes skips most compilation (JAX persistent cache; '
+                                   'it still traces every program).')
 _PROGRAMS = flags.DEFINE_bool('programs', True, 'Keep the compiled decoding programs in '
                               'WORKDIR/programs, so a later run with the same settings calls '
                               'the ones it needs without tracing or compiling them (programs '

@@ -21,7 +21,8 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', 0, 'This process, 0..num_proces
 _AUTO_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Let JAX detect the processes '
                                       '(TPU pods, SLURM, Open MPI).')
 _COMPILE_CACHE = flags.DEFINE_bool('compile_cache', True, 'Keep compiled programs in '
-                                   'WORKDIR/compile_cache, so a resumed run loads its train '
+                                   'WORKDIR/compile_cache (or in $JAX_COMPILATION_CACHE_DIR, '
+                                   'shared by every run), so a resumed run loads its train '
                                    'and eval steps instead of compiling them again.')
 
 
