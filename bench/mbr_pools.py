@@ -13,7 +13,6 @@ of each choice against the references:
 """
 
 import argparse
-import functools
 import glob
 import json
 import os
@@ -21,23 +20,19 @@ import os
 import numpy as np
 import sacrebleu
 
+from transformer_nmt.config import MBR_UTILITIES
+from transformer_nmt.decoding import mbr
+
 
 def read_nbest(path: str) -> tuple[list[list[str]], list[np.ndarray]]:
-  """Per line: the hypotheses' texts and their model weights (softmax of the logprobs)."""
+  """Per line: the hypotheses' texts and their model weights (as decode.mbr weighs them)."""
   texts, weights = [], []
   with open(path, encoding='utf-8') as f:
     for line in f:
       hyps = json.loads(line)['hypotheses']
-      logp = np.array([h['logprob'] for h in hyps])
-      w = np.exp(logp - logp.max())
       texts.append([h['text'] for h in hyps])
-      weights.append(w / w.sum())
+      weights.append(mbr.model_weights([h['logprob'] for h in hyps]))
   return texts, weights
-
-
-def choose(cands: list[str], refs: list[str], weights: np.ndarray, utility) -> str:
-  gains = [sum(w * utility(c, r) for r, w in zip(refs, weights)) for c in cands]
-  return cands[int(np.argmax(gains))]  # first of equals: the search's order
 
 
 def main() -> None:
@@ -45,7 +40,7 @@ def main() -> None:
   p.add_argument('--nbest', required=True, help='decode.py --format jsonl n-best list')
   p.add_argument('--samples', required=True, help='glob of sampled translation files')
   p.add_argument('--reference', required=True)
-  p.add_argument('--utility', choices=('chrf', 'bleu'), default='chrf')
+  p.add_argument('--utility', choices=MBR_UTILITIES, default='chrf')
   a = p.parse_args()
   files = sorted(glob.glob(a.samples))
   for path in [a.nbest, a.reference] + files:
@@ -59,9 +54,6 @@ def main() -> None:
   for path, lines in zip([a.nbest] + files, [beam] + samples):
     if len(lines) != len(refs):
       p.error(f'{path}: {len(lines)} lines, {a.reference} has {len(refs)}')
-  metric = (sacrebleu.metrics.CHRF() if a.utility == 'chrf'
-            else sacrebleu.metrics.BLEU(effective_order=True))
-  utility = functools.lru_cache(maxsize=None)(lambda h, r: metric.sentence_score(h, [r]).score)
   n = len(samples)
   uniform = np.full(n, 1 / n)
   pools = {  # name: per line i, (candidates, pseudo-references, their weights)
@@ -75,7 +67,11 @@ def main() -> None:
   }
   print(f'search best: BLEU {sacrebleu.corpus_bleu([b[0] for b in beam], [refs]).score:.2f}')
   for name, pool in pools.items():
-    out = [choose(*pool(i), utility) for i in range(len(refs))]
+    out = []
+    for i in range(len(refs)):
+      cands, pseudo, weights = pool(i)
+      gains = mbr.utilities_against(cands, pseudo, weights, a.utility)
+      out.append(cands[int(np.argmax(gains))])  # first of equals: the search's order
     print(f'{name} ({a.utility}): BLEU {sacrebleu.corpus_bleu(out, [refs]).score:.2f}, '
           f'chrF {sacrebleu.corpus_chrf(out, [refs]).score:.2f}', flush=True)
 

@@ -26,16 +26,28 @@ def _metric(utility: str) -> sacrebleu.metrics.base.Metric:
   raise ValueError(f'MBR utility {utility!r}: expected one of {list(MBR_UTILITIES)}')
 
 
+def model_weights(logprobs: Sequence[float]) -> np.ndarray:
+  """[N] probabilities of N hypotheses renormalised over them (`logprobs`: [N] sequence
+  log-probabilities)."""
+  weights = np.exp(np.asarray(logprobs, np.float64) - np.max(logprobs))
+  return weights / weights.sum()
+
+
+def utilities_against(candidates: Sequence[str], references: Sequence[str],
+                      weights: Sequence[float], utility: str) -> np.ndarray:
+  """[C] expected utility of each candidate against the pseudo-references ([R] texts with
+  [R] weights summing to 1)."""
+  metric = _metric(utility)
+  # u[i, j]: candidate i scored against pseudo-reference j as the reference
+  u = np.array([[metric.sentence_score(h, [r]).score for r in references] for h in candidates])
+  return u @ np.asarray(weights, np.float64)
+
+
 def expected_utilities(texts: Sequence[str], logprobs: Sequence[float],
                        utility: str) -> np.ndarray:
   """[N] expected utility of each of N hypotheses against all N, weighted by their
   renormalised model probabilities (`logprobs`: [N] sequence log-probabilities)."""
-  metric = _metric(utility)
-  weights = np.exp(np.asarray(logprobs, np.float64) - np.max(logprobs))
-  weights /= weights.sum()
-  # u[i, j]: hypothesis i scored against hypothesis j as the reference
-  u = np.array([[metric.sentence_score(h, [r]).score for r in texts] for h in texts])
-  return u @ weights
+  return utilities_against(texts, texts, model_weights(logprobs), utility)
 
 
 def mbr_order(texts: Sequence[str], logprobs: Sequence[float], utility: str) -> list[int]:
