@@ -225,6 +225,11 @@ class Checkpointer:
       reader.close()
     return jax.tree_util.tree_map(np.asarray, restored[name])
 
+  def param_shapes(self, step: int) -> Any:
+    """The parameters' tree of checkpoint `step` as array metadata (`.shape`, `.dtype`),
+    read without their values."""
+    return self._manager.item_metadata(step)['params']
+
   def has_ema(self, step: int) -> bool:
     """Whether checkpoint `step` holds a moving average of the parameters."""
     return 'ema' in self._manager.item_metadata(step).keys()

@@ -222,6 +222,11 @@ class TrainConfig:
   # (first step, number of steps): a jax.profiler trace of those steps in WORKDIR/profile
   # (process 0), for TensorBoard's profile plugin; () = none.
   profile_steps: tuple = ()
+  # A workdir of an earlier run: a new run starts from the weights of its latest checkpoint
+  # (their moving average when it kept one) with a fresh optimizer, step and data order, e.g.
+  # to fine-tune (training/init_from.py). Its model shapes and SentencePiece model (given as
+  # data.spm_model) must be this run's. '' = fresh weights (the paper).
+  init_from: str = ''
 
   def validate(self) -> TrainConfig:
     _positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',

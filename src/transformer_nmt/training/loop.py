@@ -30,6 +30,7 @@ from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
 from transformer_nmt.training.early_stopping import EarlyStopping
 from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
+from transformer_nmt.training.init_from import check_init_from, start_from
 from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.profiling import Profile
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
@@ -70,6 +71,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   """
   typed = validate_config(config)
   check_devices(config)
+  if not Workdir(workdir).checkpoints.is_dir():  # a resumed run has its own weights
+    check_init_from(config)
   if workdir.exists() and not workdir.is_dir():
     raise DataError(f'--workdir={workdir} is a file, not a directory')
   if (config.data.source == 'tfds' and jax.process_count() > 1
@@ -257,6 +260,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       data_position = int(loop['data_position'])
       dropout_key = jax.random.wrap_key_data(loop['dropout_key'])
       logging.info('Resumed from checkpoint at step %d', int(state.step))
+    elif t.init_from:
+      state = start_from(state, t.init_from)
     _train_loop(exp, config, state, placement, data_position, mesh, ckpt, best, writer,
                 dropout_key, stop)
   finally:
