@@ -8,7 +8,7 @@ import logging
 import os
 import pathlib
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -208,12 +208,24 @@ class Checkpointer:
     The target is built from the checkpoint's own metadata on one local device, so a
     checkpoint written by any number of devices or hosts restores here.
     """
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    restored = self._read_params(step, ema, lambda metadata: jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata))
+    return jax.tree_util.tree_map(np.asarray, restored)
+
+  def restore_params_like(self, step: int, like: Any, ema: bool = True) -> Any:
+    """`restore_params` read straight into the shapes, dtypes and shardings of the arrays
+    `like` (e.g. a fresh state's parameters on a mesh): no whole copy on one device."""
+    return self._read_params(step, ema, lambda _: jax.tree_util.tree_map(
+        ocp.utils.to_shape_dtype_struct, like))
+
+  def _read_params(self, step: int, ema: bool, target: Callable[[Any], Any]) -> Any:
+    """The parameters (or their moving average) of checkpoint `step`, restored into
+    `target(metadata)`, a tree of ShapeDtypeStructs built from the stored tree's metadata."""
     self.verify(step)
     metadata = self._manager.item_metadata(step)
     name = 'ema' if ema and 'ema' in metadata.keys() else 'params'
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = {name: jax.tree_util.tree_map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata[name])}
+    abstract = {name: target(metadata[name])}
     # Only this part of the tree is read (the Adam moments are twice its size): a third of
     # the time of a whole restore, most of decode.py's start for a small model.
     reader = ocp.PyTreeCheckpointer()
@@ -223,7 +235,7 @@ class Checkpointer:
           partial_restore=True))
     finally:
       reader.close()
-    return jax.tree_util.tree_map(np.asarray, restored[name])
+    return restored[name]
 
   def param_shapes(self, step: int) -> Any:
     """The parameters' tree of checkpoint `step` as array metadata (`.shape`, `.dtype`),

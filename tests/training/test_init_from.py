@@ -3,6 +3,7 @@
 import re
 
 import jax
+import jax.flatten_util
 import numpy as np
 import pytest
 
@@ -67,24 +68,42 @@ def test_a_run_starts_from_the_earlier_runs_weights_with_a_fresh_optimizer(tiny_
 
 def test_a_source_that_does_not_fit_is_refused_before_anything_is_written(tiny_workdir,
                                                                          tmp_path):
-  workdir = tmp_path / 'tuned'
-  cases = [
-      (_config(tmp_path / 'nowhere'), DataError, 'no checkpoint in'),
-      (_config(tiny_workdir, num_steps=2), None, None),  # fits: no error
-  ]
+  """Also on a rerun whose first attempt failed before its first checkpoint (an empty
+  checkpoints/ then): only a saved step makes a run a resumed one."""
+  import shutil
+  no_tokenizer = tmp_path / 'separate'
+  shutil.copytree(tiny_workdir / 'checkpoints', no_tokenizer / 'checkpoints')
+  cases = [(_config(tmp_path / 'nowhere'), DataError, 'no checkpoint in')]
   no_spm = _config(tiny_workdir)
   no_spm.data.spm_model = ''
   cases.append((no_spm, ConfigError, f'set data.spm_model={tiny_workdir / "spm.model"}'))
+  separate = _config(no_tokenizer)
+  separate.data.spm_model = ''
+  cases.append((separate, ConfigError, 'that run has no joint SentencePiece model (spm.model)'))
   wider = _config(tiny_workdir)
   wider.model.d_ff = 128
   cases.append((wider, ConfigError, 'its parameters do not fit this model'))
+  check_init_from(_config(tiny_workdir))  # one that fits
   for config, error, message in cases:
-    if error is None:
-      check_init_from(config)
-      continue
+    workdir = tmp_path / 'tuned'
     with pytest.raises(error, match=re.escape(message)):
       loop.prepare(config, workdir)
     assert not workdir.exists()
+    (workdir / 'checkpoints').mkdir(parents=True)
+    with pytest.raises(error, match=re.escape(message)):
+      loop.prepare(config, workdir)
+    assert [p.name for p in workdir.iterdir()] == ['checkpoints']
+    shutil.rmtree(workdir)
+
+
+def test_a_damaged_source_checkpoint_is_one_error(tiny_workdir, tmp_path):
+  import shutil
+  source = tmp_path / 'source'
+  shutil.copytree(tiny_workdir, source)
+  array = max((source / 'checkpoints' / '20').rglob('*'), key=lambda p: p.stat().st_size)
+  array.write_bytes(b'0' * array.stat().st_size)
+  with pytest.raises(DataError, match=r'train.init_from=.*checkpoint .*20 does not read back'):
+    loop.train_and_evaluate(_config(source), str(tmp_path / 'tuned'))
 
 
 def test_another_sentencepiece_model_is_refused(tiny_workdir, tmp_path):
@@ -95,6 +114,13 @@ def test_another_sentencepiece_model_is_refused(tiny_workdir, tmp_path):
                   model_type='unigram', max_sentences=1000)
   config = _config(tiny_workdir)
   config.data.spm_model = str(other)
-  with pytest.raises(DataError, match='is not the SentencePiece model train.init_from='):
+  with pytest.raises(DataError, match='is not the src SentencePiece model train.init_from='):
     check_init_from(config)
+  # A workdir left by an attempt that failed before its first checkpoint keeps the
+  # tokenizer it trained or copied then, whatever data.spm_model now says.
+  workdir = tmp_path / 'tuned'
+  workdir.mkdir()
+  (workdir / 'spm.model').write_bytes(other.read_bytes())
+  with pytest.raises(DataError, match=f'the SentencePiece model in {workdir} is not the src'):
+    loop.prepare(_config(tiny_workdir), workdir)
 

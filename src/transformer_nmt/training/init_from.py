@@ -14,10 +14,10 @@ import pathlib
 from typing import Any, Iterator
 
 import jax
+import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from transformer_nmt.checkpoint import Checkpointer
+from transformer_nmt.checkpoint import Checkpointer, describe
 from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError, DataError
@@ -36,16 +36,14 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
     theirs = _shapes(ckpt.param_shapes(step))
   data = config.data
   if not (data.joint_vocab and data.spm_model):
+    given = Workdir(source).tokenizer_paths(joint=True)[0]
     raise ConfigError(f'train.init_from={source} needs the SentencePiece model that run was '
-                      f'trained with: set data.spm_model={pathlib.Path(source) / "spm.model"} '
-                      '(with data.joint_vocab=True)')
+                      f'trained with: set data.spm_model={given} (with data.joint_vocab=True)'
+                      if given.exists() else f'train.init_from={source}: that run has no joint '
+                      f'SentencePiece model ({given.name}); only runs with one can be started from')
   tok = Tokenizer(data.spm_model)
-  wd = Workdir(source)
-  stored = (wd.read_config().get(TOKENIZERS) if wd.config.exists() else None) or {}
-  if any(stored.get(side) not in (None, tok.fingerprint) for side in ('src', 'tgt')):
-    raise DataError(f'data.spm_model={data.spm_model} is not the SentencePiece model '
-                    f'train.init_from={source} was trained with ({tok.fingerprint}, trained '
-                    f'with {stored.get("tgt")})')
+  check_tokenizers(source, {'src': tok.fingerprint, 'tgt': tok.fingerprint},
+                   f'data.spm_model={data.spm_model}')
   model_cfg = model_config_from_dict(config.model, vocab_size=tok.vocab_size,
                                      src_vocab_size=tok.vocab_size)
   mine = _shapes(jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0))))
@@ -56,20 +54,44 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
                       f'{mine.get(differ[0])} here); set model.* as that run had them')
 
 
+def check_tokenizers(source: str, fingerprints: dict[str, str], what: str) -> None:
+  """DataError unless the tokenizers with these {'src', 'tgt'} fingerprints (`what` names
+  them) are the ones train.init_from=`source` was trained with (its config.json keeps them)."""
+  wd = Workdir(source)
+  try:
+    stored = wd.read_config().get(TOKENIZERS) if wd.config.exists() else None
+  except DataError as e:
+    raise DataError(f'train.init_from={source}: {e}') from None
+  for side, fingerprint in fingerprints.items():
+    theirs = stored.get(side) if isinstance(stored, dict) else None
+    if theirs is not None and theirs != fingerprint:
+      raise DataError(f'{what} is not the {side} SentencePiece model train.init_from={source} '
+                      f'was trained with ({fingerprint}, trained with {theirs})')
+
+
 def start_from(state: Any, source: str) -> Any:
   """`state` (fresh, placed on its devices) with the parameters, and the moving average when
-  it keeps one, of `source`'s latest checkpoint, placed like the ones they replace."""
+  it keeps one, of `source`'s latest checkpoint, read into the shardings of the ones they
+  replace."""
   with _latest_checkpoint(source) as (ckpt, step):
-    host = ckpt.restore_params(step, ema=True)
+    try:
+      params = ckpt.restore_params_like(step, state.params, ema=True)
+    except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+      raise DataError(f'train.init_from={source}: checkpoint {ckpt.directory / str(step)} '
+                      f'does not read back ({describe(e)})') from None
     which = 'moving average' if ckpt.has_ema(step) else 'weights'
-  # Every process holds the whole host copy and gives each of its devices its slice.
-  place = lambda x, like: jax.make_array_from_callback(  # noqa: E731
-      x.shape, like.sharding, lambda index: np.asarray(x[index], like.dtype))
-  params = jax.tree_util.tree_map(place, host, state.params)
-  ema = None if state.ema is None else jax.tree_util.tree_map(place, host, state.ema)
+  # The average starts as a copy: one buffer in two places of a donated state is donated twice.
+  ema = None if state.ema is None else jax.tree_util.tree_map(jnp.copy, params)
   logging.info('Starting from the %s of %s at step %d (train.init_from); optimizer, step and '
                'data start afresh', which, source, step)
   return state.replace(params=params, ema=ema)
+
+
+def has_checkpoint(workdir: str | pathlib.Path) -> bool:
+  """Whether `workdir` holds a saved step (Orbax names each step's directory by its number;
+  an unfinished save is still under a temporary name)."""
+  checkpoints = Workdir(workdir).checkpoints
+  return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
 
 
 @contextlib.contextmanager

@@ -30,7 +30,12 @@ from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
 from transformer_nmt.training.early_stopping import EarlyStopping
 from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
-from transformer_nmt.training.init_from import check_init_from, start_from
+from transformer_nmt.training.init_from import (
+  check_init_from,
+  check_tokenizers,
+  has_checkpoint,
+  start_from,
+)
 from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.profiling import Profile
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
@@ -71,7 +76,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   """
   typed = validate_config(config)
   check_devices(config)
-  if not Workdir(workdir).checkpoints.is_dir():  # a resumed run has its own weights
+  starting_from = config.train.init_from and not has_checkpoint(workdir)  # else: its own
+  if starting_from:
     check_init_from(config)
   if workdir.exists() and not workdir.is_dir():
     raise DataError(f'--workdir={workdir} is a file, not a directory')
@@ -86,6 +92,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   Workdir(workdir).check_tokenizers()  # before a missing one would be trained anew
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
+  if starting_from:  # the ones in use: a file the workdir already holds wins over spm_model
+    check_tokenizers(config.train.init_from, {'src': src_tok.fingerprint,
+                                              'tgt': tgt_tok.fingerprint},
+                     f'the SentencePiece model in {workdir}')
   model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
                                      src_vocab_size=src_tok.vocab_size)
   sharding.on_leader(lambda: _check_and_write_config(
