@@ -179,13 +179,19 @@ class Workdir:
     except (KeyError, TypeError) as e:
       raise DataError(f'{self.config} has no usable {RESOLVED_MODEL!r} entry ({e})') from None
 
+  def trained_tokenizers(self) -> dict[str, str]:
+    """The {'src', 'tgt'} fingerprints of the tokenizers this run was trained with, as
+    config.json keeps them; {} without a config or from before fingerprints were kept."""
+    stored = self.read_config().get(TOKENIZERS) if self.config.exists() else None
+    return stored if isinstance(stored, dict) else {}
+
   def check_tokenizers(self, fingerprints: Optional[dict[str, str]] = None) -> None:
     """Refuses tokenizer files that are not the ones this run's checkpoints were trained with
     (config.json keeps their fingerprints): missing ones, with `fingerprints` None (before a
     new tokenizer would be trained), or ones whose fingerprints differ."""
     if not (self.config.exists() and self.checkpoints.exists()):
       return
-    stored = self.read_config().get(TOKENIZERS)
+    stored = self.trained_tokenizers()
     if not stored:  # a workdir from before fingerprints were kept
       return
     if fingerprints is None:

@@ -22,7 +22,7 @@ from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.model.transformer import init_params
-from transformer_nmt.workdir import TOKENIZERS, Workdir
+from transformer_nmt.workdir import Workdir
 
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
@@ -57,13 +57,12 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
 def check_tokenizers(source: str, fingerprints: dict[str, str], what: str) -> None:
   """DataError unless the tokenizers with these {'src', 'tgt'} fingerprints (`what` names
   them) are the ones train.init_from=`source` was trained with (its config.json keeps them)."""
-  wd = Workdir(source)
   try:
-    stored = wd.read_config().get(TOKENIZERS) if wd.config.exists() else None
+    stored = Workdir(source).trained_tokenizers()
   except DataError as e:
     raise DataError(f'train.init_from={source}: {e}') from None
   for side, fingerprint in fingerprints.items():
-    theirs = stored.get(side) if isinstance(stored, dict) else None
+    theirs = stored.get(side)
     if theirs is not None and theirs != fingerprint:
       raise DataError(f'{what} is not the {side} SentencePiece model train.init_from={source} '
                       f'was trained with ({fingerprint}, trained with {theirs})')
