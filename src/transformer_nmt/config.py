@@ -195,6 +195,10 @@ class TrainConfig:
   adam_b2: float = 0.98
   adam_eps: float = 1e-9
   clip_grad_norm: float = 0.0  # 0 = off (paper)
+  # Decoupled weight decay (AdamW; fairseq's, Sockeye's and OpenNMT's --weight-decay): every
+  # update also subtracts learning rate x weight_decay x the weight from each matrix, not from
+  # biases and LayerNorm parameters. 0 = off (paper).
+  weight_decay: float = 0.0
   label_smoothing: float = 0.1  # eps_ls (§5.4)
   # Tokens per side per update, reached by accumulating gradients over
   # round(global_batch_tokens / data.tokens_per_batch) batches; 0 = one batch per update.
@@ -236,6 +240,8 @@ class TrainConfig:
       _check(0.0 <= value < 1.0, f'train.{name}={value} must be in [0, 1)')
     _check(self.clip_grad_norm >= 0, f'train.clip_grad_norm={self.clip_grad_norm} must be 0 '
            '(off) or positive')
+    _check(self.weight_decay >= 0, f'train.weight_decay={self.weight_decay} must be 0 (off) or '
+           'positive')
     _check(self.global_batch_tokens >= 0, f'train.global_batch_tokens={self.global_batch_tokens}'
            ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
     _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '

@@ -53,11 +53,24 @@ class TrainState(train_state.TrainState):
     return self.params if self.ema is None else self.ema
 
 
+def decay_mask(params: Any) -> Any:
+  """True for the leaves decoupled weight decay shrinks: the matrices (kernels, embeddings),
+  not the biases and LayerNorm scales and offsets, whose shrinking is no regulariser."""
+  return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+
+
 def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.98,
-                   eps: float = 1e-9, clip_grad_norm: float = 0.0) -> optax.GradientTransformation:
+                   eps: float = 1e-9, clip_grad_norm: float = 0.0,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
   """Adam with the paper's beta1 0.9, beta2 0.98, eps 1e-9; optional global-norm clipping
-  (not in the paper; 0 disables it)."""
-  adam = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+  (not in the paper; 0 disables it) and decoupled weight decay (AdamW, Loshchilov and Hutter
+  2019; not in the paper; 0 disables it): each step also subtracts learning rate x
+  weight_decay x the weight from every matrix (decay_mask)."""
+  if weight_decay > 0:
+    adam = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                       mask=decay_mask)
+  else:  # optax.adam's state, so that checkpoints of runs without decay keep their layout
+    adam = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
   if clip_grad_norm > 0:
     return optax.chain(optax.clip_by_global_norm(clip_grad_norm), adam)
   return adam
@@ -75,7 +88,8 @@ def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -
   """Fresh parameters and Adam state for `model_cfg` with the optimizer from `train_cfg`."""
   tx = make_optimizer(learning_rate_fn(model_cfg, train_cfg), b1=train_cfg.adam_b1,
                       b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
-                      clip_grad_norm=train_cfg.clip_grad_norm)
+                      clip_grad_norm=train_cfg.clip_grad_norm,
+                      weight_decay=float(getattr(train_cfg, 'weight_decay', 0.0)))
   params = init_params(model_cfg, rng)
   decay = float(getattr(train_cfg, 'ema_decay', 0.0))
   # The average starts as a copy: sharing the parameters' buffers would make a step that
