@@ -15,12 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_nmt.errors import DataError
+from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.files import write_atomically
 from transformer_nmt.workdir import CHECKSUMS
 
 QUARANTINE = 'quarantine'  # where unreadable checkpoints go, inside the checkpoint directory
 ITEM = 'default'  # Orbax's directory, in each step directory, for a manager's one item
+
+
+# The first line of Orbax's error for a saved tree that differs from the one restored into.
+LAYOUT_MISMATCH = 'tree structures do not match'
 
 
 class Checkpointer:
@@ -109,6 +113,12 @@ class Checkpointer:
       return restored
     if damaged:
       step, error = damaged[0]
+      if all(LAYOUT_MISMATCH in why for _, why in damaged):  # the run's setup, not the files
+        raise ConfigError(
+            f'the checkpoints in {self.directory} hold a train state of another layout than '
+            "this run's (e.g. train.weight_decay or train.clip_grad_norm turned on or off "
+            'since they were written): set those back, or start a new --workdir from their '
+            f'weights with train.init_from={self.directory.parent}')
       raise DataError(f'no checkpoint in {self.directory} reads back (step {step}: {error}); '
                       f'if the files are damaged, move them to {self.directory / QUARANTINE} '
                       'to start afresh')

@@ -195,9 +195,9 @@ class TrainConfig:
   adam_b2: float = 0.98
   adam_eps: float = 1e-9
   clip_grad_norm: float = 0.0  # 0 = off (paper)
-  # Decoupled weight decay (AdamW; fairseq's, Sockeye's and OpenNMT's --weight-decay): every
-  # update also subtracts learning rate x weight_decay x the weight from each matrix, not from
-  # biases and LayerNorm parameters. 0 = off (paper).
+  # Decoupled weight decay (AdamW, Loshchilov and Hutter 2019; fairseq's --weight-decay with
+  # its adam optimizer): every update also subtracts learning rate x weight_decay x the weight
+  # from each matrix (fairseq also from biases and LayerNorm parameters). 0 = off (paper).
   weight_decay: float = 0.0
   label_smoothing: float = 0.1  # eps_ls (§5.4)
   # Tokens per side per update, reached by accumulating gradients over
