@@ -17,8 +17,8 @@ values are recorded, chosen on validation BLEU); recipe.py's selection and test 
 steps took 66 minutes with dropout masks of 32-bit draws, and 59 minutes with the 16-bit
 draws that are now the default (model.dropout_bits; docs/RESULTS.md); de-en's 5000 steps of
 2048 tokens 57 minutes there (its earlier 3400 of 3072: 58; on a slower instance 69, with
-weight decay 0.1 68, and with 0.2 62 in two parts whose second ran at 59 minutes for 5000
-steps), and en-de with the finer buckets 58; neither timed on the AMX machine yet.
+weight decay 0.1 68, and with 0.2 60.4 in one uninterrupted run), and en-de with the
+finer buckets 58; neither timed on the AMX machine yet.
 """
 
 import ml_collections
