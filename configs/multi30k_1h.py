@@ -1,4 +1,4 @@
-"""Multi30k trained in at most one hour on 2 CPU cores: configs/multi30k.py with 4 layers
+"""Multi30k trained in about one hour on 2 CPU cores: configs/multi30k.py with 4 layers
 instead of 3, residual and embedding dropout 0.2 instead of 0.1, 3400 steps and an exponential
 moving average of the weights.
 
