@@ -345,19 +345,24 @@ def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any, accumul
   return step
 
 
+@jax.jit
+def _count_real(segments: jax.Array) -> jax.Array:
+  """Real (non-padding) positions of a global [B, L] segment-id array."""
+  return jnp.count_nonzero(segments)
+
+
 def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
-                    data_position: int) -> tuple[Any, Callable[[dict], dict]]:
-  """(host batches from `data_position` on, the function picking this process's rows)."""
+                    data_position: int) -> Iterator[data_lib.Batch]:
+  """This process's rows of the global batches from `data_position` on."""
   if exp.host_sharded:  # each process batches its own shard: its rows of the global batch
-    tokens, devices, own_rows = (config.data.tokens_per_batch // jax.process_count(),
-                                 jax.local_device_count(), lambda b: b)
-  else:  # every process plans the same global batch and takes its rows
-    tokens, devices, own_rows = (config.data.tokens_per_batch, jax.device_count(),
-                                 sharding.process_rows)
-  batches = data_lib.train_batches(exp.train, tokens, config.train.seed, data_position,
-                                   row_multiple=devices, pack_length=config.data.pack_length,
-                                   data_for_epoch=exp.train_epochs)
-  return batches, own_rows
+    tokens, devices, host = (config.data.tokens_per_batch // jax.process_count(),
+                             jax.local_device_count(), (0, 1))
+  else:  # every process plans the same global batch and builds only its own rows of it
+    tokens, devices, host = (config.data.tokens_per_batch, jax.device_count(),
+                             (jax.process_index(), jax.process_count()))
+  return data_lib.train_batches(exp.train, tokens, config.train.seed, data_position,
+                                row_multiple=devices, pack_length=config.data.pack_length,
+                                data_for_epoch=exp.train_epochs, host=host)
 
 
 def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
@@ -385,18 +390,19 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                  accumulate * config.data.tokens_per_batch)
   step_fn = _make_step(exp, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer.last('wall_s', start))
-  batches, own_rows = _input_pipeline(exp, config, data_position)
+  batches = _input_pipeline(exp, config, data_position)
   profile = Profile(Workdir(writer.path.parent).profile, t.profile_steps)
   saved = lambda: loop_state(data_position, dropout_rng)  # noqa: E731
   try:
     for step in range(start + 1, t.num_steps + 1):
       micro = [next(batches) for _ in range(accumulate)]
       profile.before(step)
-      state, metrics = step_fn(state, [sharding.shard_batch(own_rows(b), mesh) for b in micro],
-                               dropout_rng)
+      placed = [sharding.shard_batch(b, mesh) for b in micro]
+      state, metrics = step_fn(state, placed, dropout_rng)
       profile.after(step, state)
       data_position += accumulate  # only once the step has completed
-      metrics['src_tokens'] = sum(np.count_nonzero(b['src_segments']) for b in micro)
+      # counted over the global batch (a process holds only its rows); read at the next log
+      metrics['src_tokens'] = sum(_count_real(b['src_segments']) for b in placed)
       progress.add(metrics, micro)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
