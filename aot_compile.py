@@ -1,14 +1,18 @@
-"""Compile the train step for a TPU slice without a TPU: memory, FLOPs, collectives, step time.
+"""Compile the train step for a TPU slice or GPU hosts without them: memory, collectives,
+and on TPUs FLOPs and step time.
 
   python aot_compile.py --config configs/big.py --topology v5e:8x8 \
+      --config.train.shard_params=True
+  python aot_compile.py --config configs/big.py --topology h100:8x8 \
       --config.train.shard_params=True
 
 The step before booking a pod: it builds the program train.py runs (its mesh, shardings and
 buffer donation) for the slice, from shapes alone, and reports per chip what that run would
 meet. Exit code 1 when the program does not fit the chip's HBM (by how much, in one line);
 2 for a bad flag or topology. `--decode` compiles the encoder and one cached decoder step of
-beam search instead. Needs libtpu (`pip install "jax[tpu]"` of our jax version, as
-requirements-dev.txt does); runs on the CPU.
+beam search instead. TPUs need libtpu (`pip install "jax[tpu]"` of our jax version), GPUs the
+CUDA plugin without its CUDA libraries (`pip install --no-deps jax-cuda12-plugin
+jax-cuda12-pjrt` of our jax version); requirements-dev.txt installs both. Runs on the CPU.
 """
 
 import json
@@ -28,7 +32,8 @@ from transformer_nmt.cli import config_flag_parser, main_running  # noqa: E402
 from transformer_nmt.config import DECODE  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (Python).')
-_TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU slice, e.g. v5e:4x4, v5p:4x4x4.')
+_TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU slice (v5e:4x4, v5p:4x4x4) or GPU '
+                                'hosts (h100:8 is one host of 8 H100s, h100:8x8 eight hosts).')
 _LENGTH = flags.DEFINE_integer('length', 64, 'Padded tokens per side of every row.')
 _BATCH = flags.DEFINE_integer('batch', 0, 'Global rows per step; 0 = the config\'s tokens per '
                               'update (train.global_batch_tokens, else data.tokens_per_batch) / '
@@ -57,6 +62,7 @@ def _rows(config, chips: int) -> int:
 
 
 def _format(report: dict) -> str:
+  from transformer_nmt import aot
   gib = lambda n: f'{n / 2 ** 30:.2f} GiB'  # noqa: E731
   m = report['memory']
   lines = [f"{report['program']} on {report['topology']} ({report['chips']} x {report['chip']}), "
@@ -65,9 +71,14 @@ def _format(report: dict) -> str:
            f"per chip with Adam moments)",
            f"  memory per chip: arguments {gib(m['argument'])}, outputs {gib(m['output'])} "
            f"(aliased {gib(m['alias'])}), temporaries {gib(m['temp'])}, code {gib(m['code'])}; "
-           f"total {gib(m['total'])} of {gib(m['hbm'])} HBM ({100 * m['total'] / m['hbm']:.0f}%)",
-           f"  per chip: {report['flops'] / 1e9:,.1f} GFLOP, {report['bytes_accessed'] / 1e9:,.2f} "
-           'GB accessed (XLA cost analysis)']
+           f"total {gib(m['total'])} of {gib(m['hbm'])} HBM ({100 * m['total'] / m['hbm']:.0f}%)"]
+  if report['gpu']:
+    lines.append(f"  JAX allocates {100 * aot.GPU_DEFAULT_MEMORY_FRACTION:.0f}% of a GPU's memory "
+                 f"by default ({gib(aot.GPU_DEFAULT_MEMORY_FRACTION * m['hbm'])}); set "
+                 'XLA_PYTHON_CLIENT_MEM_FRACTION for more')
+  if report['flops']:
+    lines.append(f"  per chip: {report['flops'] / 1e9:,.1f} GFLOP, "
+                 f"{report['bytes_accessed'] / 1e9:,.2f} GB accessed (XLA cost analysis)")
   for kind, c in sorted(report['collectives'].items()):
     lines.append(f"  {kind}: {c['count']} ops, {c['bytes'] / 1e6:,.1f} MB")
   if not report['collectives']:
@@ -80,7 +91,10 @@ def _format(report: dict) -> str:
                  f"MFU {100 * s['mfu']:.0f}%")
   for row in report.get('top', []):
     lines.append(f"  {row['cycles']:>10,} cycles  {row['shape'][:60]:<60}  {row['op_name'][-90:]}")
-  if 'xla_estimate' not in report['step']:
+  lines += [f'  note: {note}' for note in report['notes']]
+  if report['gpu']:
+    lines.append('  no FLOP count or step time: XLA gives no cost analysis for GPU programs')
+  elif 'xla_estimate' not in report['step']:
     lines.append(f"  XLA's estimate: {report['estimated_cycles']:,} cycles (no published clock "
                  'for this chip)')
   return '\n'.join(lines)

@@ -1,16 +1,19 @@
-"""Compiling our programs for a Cloud TPU slice that this machine does not have.
+"""Compiling our programs for TPU slices and GPU clusters that this machine does not have.
 
-`jax.experimental.topologies` describes a slice (e.g. 'v5e:8x8') with libtpu alone; XLA then
-compiles the real per-chip program for it from abstract inputs (ShapeDtypeStructs carrying
-NamedShardings), without allocating any array. The compiled program tells what a pod run would
-meet: memory per chip, FLOPs and bytes accessed, every collective, and XLA's own per-instruction
-time estimates. This module holds the chip table, the analysis of a compiled program and the
-roofline; aot_compile.py builds the programs.
+`jax.experimental.topologies` describes a TPU slice (e.g. 'v5e:8x8') with libtpu alone, and
+GPU hosts (e.g. 'h100:8x8', 8 hosts of 8) with the CUDA plugin and a GPU target config that
+the project ships (gpu_targets/); XLA then compiles the real per-chip program for it from
+abstract inputs (ShapeDtypeStructs carrying NamedShardings), without allocating any array. The
+compiled program tells what a pod run would meet: memory per chip, every collective, and on
+TPUs FLOPs, bytes accessed and XLA's own per-instruction time estimates (XLA's GPU compiler
+gives no cost analysis). This module holds the chip table, the analysis of a compiled program
+and the roofline; aot_compile.py builds the programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import re
 from typing import Any, Optional
 
@@ -25,13 +28,14 @@ GIB = 2 ** 30
 @dataclasses.dataclass(frozen=True)
 class Chip:
   """Published per-chip figures: HBM, peak dense bfloat16 FLOP/s, HBM bandwidth, TensorCore
-  clock (for XLA's cycle estimates; None where not published)."""
+  clock (for XLA's cycle estimates; None where not published), and whether it is a GPU."""
 
   name: str
   hbm_bytes: int
   peak_flops: float
   hbm_bytes_per_s: float
   clock_hz: Optional[float]
+  gpu: bool = False
 
 
 CHIPS = {
@@ -40,17 +44,40 @@ CHIPS = {
     'v5p': Chip('TPU v5p', 95 * GIB, 459e12, 2765e9, None),
     'v6e': Chip('TPU v6e', 32 * GIB, 918e12, 1640e9, None),
 }
-TOPOLOGY_EXAMPLES = 'v5e:2x2, v5e:4x4, v5e:8x8, v5e:16x16, v6e:4x4, v5p:4x4x4, v4:4x4x4'
+# GPUs: NVIDIA's published dense bfloat16 peak and HBM bandwidth (SXM cards); the memory is
+# what CUDA reports for the card (the target config's device_memory_size).
+GPUS = {'h100': Chip('NVIDIA H100 80GB', 84_929_347_584, 989.4e12, 3.35e12, None, gpu=True)}
+TOPOLOGY_EXAMPLES = ('v5e:2x2, v5e:4x4, v5e:8x8, v5e:16x16, v6e:4x4, v5p:4x4x4, v4:4x4x4; '
+                     'GPUs: h100:8 (one host of 8), h100:8x8 (8 hosts of 8)')
 _TOPOLOGY = re.compile(r'^(v4|v5e|v5p|v6e):\d+x\d+(x\d+)?$')
+_GPU_TOPOLOGY = re.compile(r'^(?P<kind>h100):(?:(?P<hosts>\d+)x)?(?P<gpus>\d+)$')
+# What JAX allocates of a GPU's memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
+GPU_DEFAULT_MEMORY_FRACTION = 0.75
+
+
+def gpu_target_config(kind: str) -> str:
+  """The GpuTargetConfigProto text the project ships for a GPU kind ('h100')."""
+  return (importlib.resources.files('transformer_nmt') / 'gpu_targets' / f'{kind}.txtpb'
+          ).read_text()
+
+
+def is_gpu(name: str) -> bool:
+  return bool(_GPU_TOPOLOGY.match(name))
 
 
 def topology_devices(name: str) -> tuple[list, Chip]:
-  """The devices (one per chip) of a TPU slice such as 'v5e:4x4', and the chip's figures.
+  """The devices (one per chip) of a TPU slice such as 'v5e:4x4' or of GPU hosts such as
+  'h100:8x8' (8 hosts of 8 GPUs; 'h100:8' is one host), and the chip's figures.
 
-  Raises UserError naming valid examples for a name libtpu does not know.
+  Raises UserError naming valid examples for a name libtpu does not know, or saying what
+  to install when the compiler for the platform is missing.
   """
+  gpu = _GPU_TOPOLOGY.match(name)
+  if gpu:
+    return _gpu_devices(gpu['kind'], int(gpu['hosts'] or 1), int(gpu['gpus'])), GPUS[gpu['kind']]
   if not _TOPOLOGY.match(name):
-    raise UserError(f'--topology={name!r} is not a TPU topology; use one like {TOPOLOGY_EXAMPLES}')
+    raise UserError(f'--topology={name!r} is not a TPU or GPU topology; use one like '
+                    f'{TOPOLOGY_EXAMPLES}')
   from jax.experimental import topologies
   kind = name.split(':')[0]
   extra = {'chip_config_name': 'megacore'} if kind == 'v4' else {}  # one device per v4 chip
@@ -60,6 +87,23 @@ def topology_devices(name: str) -> tuple[list, Chip]:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise UserError(f'--topology={name!r}: {first} (examples: {TOPOLOGY_EXAMPLES})') from None
   return list(topology.devices), CHIPS[kind]
+
+
+def _gpu_devices(kind: str, hosts: int, gpus: int) -> list:
+  from jax.experimental import topologies
+  if hosts < 1 or gpus < 1:
+    raise UserError(f'--topology={kind}:{hosts}x{gpus} needs at least one host and one GPU '
+                    f'(examples: {TOPOLOGY_EXAMPLES})')
+  try:
+    topology = topologies.get_topology_desc(platform='cuda', target_config=gpu_target_config(kind),
+                                            topology=f'1x{hosts}x{gpus}')
+  except Exception as e:  # noqa: BLE001 -- a missing plugin is NotImplementedError or RuntimeError
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f'--topology={kind}:{gpus if hosts == 1 else f"{hosts}x{gpus}"} needs '
+                    f'the CUDA plugin of jax {jax.__version__} (pip install --no-deps '
+                    f'jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__}, '
+                    f'as requirements-dev.txt does): {first}') from None
+  return list(topology.devices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +138,9 @@ def _nbytes(arrays: list[tuple[str, tuple[int, ...]]]) -> int:
 def collectives(hlo_text: str) -> list[Collective]:
   """Every collective in an optimized HLO module's text, counted once.
 
-  Operands are listed with their shapes in compiled HLO text, so both sides are read; the
-  larger one is the array the collective is about. The TPU compiler splits one asynchronous
+  Both sides are read (operands with their shapes where the text lists them, and the two
+  halves of an asynchronous start's result tuple); the larger one is the array the
+  collective is about. The TPU compiler splits one asynchronous
   collective into several fusions (start, steps, done) that each hold a copy of it under the
   same channel id: those count once. It also writes a reduce-scatter as an all-reduce inside
   a fusion named 'all-reduce-scatter' (each device keeps a slice): counted as reduce-scatter.
@@ -112,15 +157,27 @@ def collectives(hlo_text: str) -> list[Collective]:
     if kind == 'all-reduce' and computation.startswith('all-reduce-scatter'):
       kind = 'reduce-scatter'
     operands = _arrays(match['args'].split('),')[0].split(', channel_id')[0])
-    result = _arrays(match['result'])
-    if match['start'] and match['op'] == 'all-gather':
-      result = result[len(operands):]  # the -start tuple lists operands, then results
-    side = max((operands, result), key=_nbytes)
+    sides = [operands] + [_arrays(part) for part in _start_tuple(match['result'])]
+    side = max(sides, key=_nbytes)
     channel = re.search(r'channel_id=(\d+)', line)
     key = f"{kind}#{channel[1]}" if channel else match['name']
     if key not in found or found[key].nbytes < _nbytes(side):
       found[key] = Collective(kind, tuple(side), _nbytes(side), match['name'])
   return list(found.values())
+
+
+def _start_tuple(result: str) -> list[str]:
+  """The result of an asynchronous '-start' collective, '((operands...), (results...))' (the
+  GPU compiler names its operands without shapes), as its two halves; any other result
+  whole."""
+  if not result.startswith('(('):
+    return [result]
+  depth = 0
+  for i, char in enumerate(result):
+    depth += {'(': 1, ')': -1}.get(char, 0)
+    if depth == 1 and char == ')':
+      return [result[1:i + 1], result[i + 1:]]
+  return [result]
 
 
 def estimated_cycles(hlo_text: str) -> int:
@@ -163,7 +220,7 @@ def analyze(compiled: Any, chip: Chip, chips: int, tokens: int) -> dict[str, Any
   """
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}  # None on GPUs
   text = compiled.as_text()
   mem = {'argument': memory.argument_size_in_bytes, 'output': memory.output_size_in_bytes,
          'alias': memory.alias_size_in_bytes, 'temp': memory.temp_size_in_bytes,
@@ -176,14 +233,15 @@ def analyze(compiled: Any, chip: Chip, chips: int, tokens: int) -> dict[str, Any
     entry = by_kind.setdefault(c.kind, {'count': 0, 'bytes': 0})
     entry['count'] += 1
     entry['bytes'] += c.nbytes
-  times = {'roofline': max(flops / chip.peak_flops, accessed / chip.hbm_bytes_per_s)}
+  times = {'roofline': max(flops / chip.peak_flops, accessed / chip.hbm_bytes_per_s)} if flops \
+      else {}
   cycles = estimated_cycles(text)
   if chip.clock_hz:
     times['xla_estimate'] = cycles / chip.clock_hz
   steps = {name: {'seconds': t, 'tokens_per_s': tokens / t if t else 0.0,
                   'mfu': flops / (t * chip.peak_flops) if t else 0.0}
            for name, t in times.items()}
-  return {'chip': chip.name, 'chips': chips, 'memory': mem, 'flops': flops,
+  return {'chip': chip.name, 'gpu': chip.gpu, 'chips': chips, 'memory': mem, 'flops': flops,
           'bytes_accessed': accessed, 'collectives': by_kind, 'estimated_cycles': cycles,
           'step': steps}
 
@@ -221,6 +279,9 @@ class Program:
   parameter_bytes_per_chip: int  # parameters (and Adam moments, when training) on one chip
 
 
+_NO_TRITON_TILING = "Couldn't find output tile sizes"
+
+
 class DoesNotFit(Exception):
   """The TPU compiler refused the program for want of HBM."""
 
@@ -231,14 +292,23 @@ def report(program: Program, chip: Chip, chips: int, top: int = 0) -> dict[str, 
 
   Raises DoesNotFit, saying by how much, when the compiler runs out of HBM.
   """
+  notes = []
   try:
     compiled = program.lowered.compile()
   except Exception as e:  # noqa: BLE001 -- XLA's JaxRuntimeError, matched by its status
-    if 'RESOURCE_EXHAUSTED' not in str(e):
+    if chip.gpu and _NO_TRITON_TILING in str(e):
+      # Without a GPU to autotune on, XLA may find no Triton tiling for a small matmul; such
+      # a program is compiled with cuBLAS matmuls instead, and the report says so.
+      compiled = program.lowered.compile({'xla_gpu_enable_triton_gemm': False})
+      notes.append('compiled with xla_gpu_enable_triton_gemm=false (no Triton tiling found '
+                   'without a GPU to autotune on)')
+    elif 'RESOURCE_EXHAUSTED' in str(e):
+      raise DoesNotFit(f'{program.name} ({program.description}) does not fit a {chip.name}: '
+                       + _shortfall(str(e))) from None
+    else:
       raise
-    raise DoesNotFit(f'{program.name} ({program.description}) does not fit a {chip.name}: '
-                     + _shortfall(str(e))) from None
   figures = analyze(compiled, chip, chips, program.tokens)
+  figures['notes'] = notes
   if top:
     figures['top'] = costliest(compiled.as_text(), top)
   figures.update(program=program.name, shape=program.description, parameters=program.parameters,

@@ -123,7 +123,8 @@ def params_for_compute(mesh: Mesh, shardings: Any, compute_dtype: Any) -> Callab
 def _gather(x: jax.Array, own: NamedSharding, whole: NamedSharding, travel: Any) -> jax.Array:
   @jax.custom_vjp
   def gathered(x: jax.Array) -> jax.Array:
-    return jax.lax.with_sharding_constraint(x.astype(travel), whole).astype(x.dtype)
+    whole_x = jax.lax.with_sharding_constraint(x.astype(travel), whole)
+    return jax.lax.optimization_barrier(whole_x).astype(x.dtype)
 
   def forward(x: jax.Array) -> tuple[jax.Array, None]:
     return gathered(x), None
