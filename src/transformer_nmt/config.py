@@ -158,6 +158,9 @@ class DataConfig:
   tokens_per_batch: int = 4096  # padded tokens per side per batch (paper: ~25k per update)
   bucket_boundaries: tuple = ()  # () = geometric buckets up to max_len
   pack_length: int = 0  # > 0: pack pairs into rows of this many tokens per side, not buckets
+  # Training batches built ahead of the step by a background thread (data/prefetch.py); 0 =
+  # built on the loop's thread. The log's data_wait is the share of time the loop waited.
+  prefetch: int = 4
 
   def validate(self) -> DataConfig:
     _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
@@ -171,6 +174,8 @@ class DataConfig:
              f'data.{extra}_src and data.{extra}_tgt list an empty file name')
     _check(self.source == 'text' or not self.extra_train_src,
            f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
+    _check(self.prefetch >= 0, f'data.prefetch={self.prefetch} must be 0 (no background '
+           'thread) or the number of batches built ahead')
     _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
            '(0 = no subword sampling)')
     _check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '

@@ -31,7 +31,7 @@ def test_progress_leaves_evaluation_out_of_tokens_per_second_and_time_left(caplo
   clock.t += 2  # step 1 trains for 2 s
   with progress.outside_training():  # an evaluation between two logs (eval_every 1, log 2)
     clock.t += 30
-  progress.add(*_step())
+  progress.add(*_step(), waited=1.0)  # a second of those 2 s waiting for its batch
   clock.t += 2
   with caplog.at_level(logging.INFO):
     row = progress.log(2)
@@ -39,7 +39,10 @@ def test_progress_leaves_evaluation_out_of_tokens_per_second_and_time_left(caplo
   assert row['train_loss'] == pytest.approx(1.0) and row['train_nll'] == pytest.approx(0.5)
   assert row['padding_fraction'] == pytest.approx(2 / 16)
   assert row['wall_s'] == pytest.approx(50 + 34)  # wall time counts everything
+  assert row['data_wait'] == pytest.approx(1 / 4)
   assert 'step 2/10' in caplog.text and '0m04s elapsed, 0m16s left' in caplog.text
+  assert 'data wait 25.0%' in caplog.text
   progress.add(*_step())
   clock.t += 1
-  assert progress.log(3)['tokens_per_sec'] == pytest.approx(14.0)  # a fresh interval
+  row = progress.log(3)
+  assert row['tokens_per_sec'] == pytest.approx(14.0) and row['data_wait'] == 0.0  # afresh

@@ -25,6 +25,7 @@ from transformer_nmt.config import (
 )
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
+from transformer_nmt.data.prefetch import Prefetcher
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
@@ -137,7 +138,8 @@ class Progress:
 
   Time spent outside training (evaluation, saving the best checkpoint), declared with
   `outside_training`, is left out of tokens/s, the elapsed training time and the time left,
-  wherever it falls in a logging interval.
+  wherever it falls in a logging interval. `data_wait` is the share of the interval's
+  training time that the loop spent waiting for batches (`add`'s `waited`).
   """
 
   def __init__(self, num_steps: int, start: int, wall_before: float = 0.0,
@@ -145,13 +147,16 @@ class Progress:
     self.num_steps, self.start_step, self.clock = num_steps, start, clock
     self.pending: list[dict] = []
     self.padding: list[float] = []
+    self.waited = 0.0  # seconds waiting for data in the current logging interval
     self.t0 = self.interval_start = clock()
     self.wall0 = self.t0 - wall_before  # wall_s counts earlier runs of a resumed workdir too
     self.paused = 0.0  # seconds outside training in the current logging interval
     self.paused_total = 0.0  # ... since the start
 
-  def add(self, metrics: dict, batches: list[data_lib.Batch]) -> None:
+  def add(self, metrics: dict, batches: list[data_lib.Batch], waited: float = 0.0) -> None:
+    """One step's device metrics, its host batches, and the seconds it waited for them."""
     self.pending.append(metrics)
+    self.waited += waited
     self.padding.extend(data_lib.padding_fraction(b) for b in batches)
 
   @contextlib.contextmanager
@@ -178,13 +183,15 @@ class Progress:
            'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
            'tokens_per_sec': (tokens + real_src) / max(interval, 1e-9),
            'padding_fraction': float(np.mean(self.padding)),
+           'data_wait': self.waited / max(interval, 1e-9),
            'wall_s': now - self.wall0}
     logging.info('step %d/%d | loss %.3f (nll %.3f) | lr %.2e | %.0f tok/s | pad %.0f%% | '
-                 '%s elapsed, %s left', step, self.num_steps, row['train_loss'], row['train_nll'],
-                 row['learning_rate'],
-                 row['tokens_per_sec'], 100 * row['padding_fraction'], _hms(trained),
-                 _hms(per_step * (self.num_steps - step)))
+                 'data wait %.1f%% | %s elapsed, %s left', step, self.num_steps,
+                 row['train_loss'], row['train_nll'], row['learning_rate'],
+                 row['tokens_per_sec'], 100 * row['padding_fraction'], 100 * row['data_wait'],
+                 _hms(trained), _hms(per_step * (self.num_steps - step)))
     self.pending, self.padding, self.interval_start, self.paused = [], [], now, 0.0
+    self.waited = 0.0
     return row
 
 
@@ -390,11 +397,12 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
                  accumulate * config.data.tokens_per_batch)
   step_fn = _make_step(exp, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer.last('wall_s', start))
-  batches = _input_pipeline(exp, config, data_position)
   profile = Profile(Workdir(writer.path.parent).profile, t.profile_steps)
   saved = lambda: loop_state(data_position, dropout_rng)  # noqa: E731
+  batches = Prefetcher(_input_pipeline(exp, config, data_position), config.data.prefetch)
   try:
     for step in range(start + 1, t.num_steps + 1):
+      waited = batches.waited
       micro = [next(batches) for _ in range(accumulate)]
       profile.before(step)
       placed = [sharding.shard_batch(b, mesh) for b in micro]
@@ -403,7 +411,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
       data_position += accumulate  # only once the step has completed
       # counted over the global batch (a process holds only its rows); read at the next log
       metrics['src_tokens'] = sum(_count_real(b['src_segments']) for b in placed)
-      progress.add(metrics, micro)
+      progress.add(metrics, micro, batches.waited - waited)
       row = progress.log(step) if step % t.log_every == 0 or step == t.num_steps else {}
       if step % t.checkpoint_every == 0 or step == t.num_steps:
         ckpt.save(step, state, saved())
@@ -428,6 +436,7 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
     logging.info('Interrupted: saved checkpoint at step %d; run again to resume', int(state.step))
     raise
   finally:
+    batches.close()  # the batches built ahead are dropped: data_position counts consumed ones
     profile.close()
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
