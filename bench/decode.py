@@ -49,6 +49,8 @@ _CT2_TYPES = flags.DEFINE_list('ct2_compute_types', ['float32', 'int8'],
                                'CTranslate2 compute types to run (float32 = the same arithmetic '
                                'as ours; int8 = its fastest on CPU); TYPE/N runs N batches at '
                                'once (inter_threads), as our Translator does on a CPU.')
+_CT2_DEVICE = flags.DEFINE_enum('ct2_device', 'cpu', ['cpu', 'cuda', 'auto'],
+                                'Where CTranslate2 runs (auto: cuda when it sees a GPU).')
 _REPEATS = flags.DEFINE_integer('repeats', 1, 'Rounds of timed passes (variants alternating); '
                                 'the table reports medians.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
@@ -110,29 +112,41 @@ def ct2_name(compute_type):
 
 
 class Unsupported(Exception):
-  """CTranslate2 refuses the compute type on this machine."""
+  """CTranslate2 refuses the compute type or the device on this machine, or does not load."""
+
+
+def ct2_device(choice: str) -> str:
+  """'cpu' or 'cuda' for --ct2_device (auto: cuda when CTranslate2 sees a GPU)."""
+  if choice != 'auto':
+    return choice
+  import ctranslate2
+  return 'cuda' if ctranslate2.get_cuda_device_count() > 0 else 'cpu'
 
 
 def measure_ctranslate2(model, rows, beam, directory, compute_type):
   """(warm-up seconds, a timed pass: () -> (seconds, output id rows)) for CTranslate2 on the
   same rows."""
   import os
-
-  import ctranslate2
+  try:
+    import ctranslate2
+    device = ct2_device(_CT2_DEVICE.value)
+  except (ImportError, OSError, RuntimeError) as e:  # its wheel or CUDA libraries do not load
+    raise Unsupported(f'CTranslate2 does not load: {str(e).splitlines()[0]}') from None
   kind, _, parallel = compute_type.partition('/')
   if parallel and not (parallel.isdigit() and int(parallel) > 0):
     raise app.UsageError(f'--ct2_compute_types: {compute_type!r}: expected TYPE or TYPE/N, N > 0')
   inter = int(parallel or 1)
-  try:
-    translator = ctranslate2.Translator(str(directory), device='cpu', inter_threads=inter,
-                                        intra_threads=max((os.cpu_count() or 1) // inter, 1),
-                                        compute_type=kind)
-  except ValueError as e:  # a compute type this CPU cannot run efficiently (bfloat16 here)
-    raise Unsupported(str(e).replace('|', '/').replace('\n', ' ')) from None
   pieces = [model.src_tok.pieces(r) for r in rows]  # rows end in EOS: '</s>'
   options = dict(beam_size=beam, length_penalty=DECODE.alpha, max_batch_size=_BATCH_TOKENS.value,
                  batch_type='tokens', max_decoding_length=max(map(len, rows)) + _MAX_EXTRA.value)
-  first, _ = timed(lambda: translator.translate_batch(pieces[:8], **options))
+  try:
+    translator = ctranslate2.Translator(str(directory), device=device, inter_threads=inter,
+                                        intra_threads=max((os.cpu_count() or 1) // inter, 1),
+                                        compute_type=kind)
+    first, _ = timed(lambda: translator.translate_batch(pieces[:8], **options))
+  except (ValueError, RuntimeError) as e:  # a compute type this CPU cannot run efficiently
+    # (bfloat16 here), or a device whose libraries are missing (CUDA 12's cuBLAS)
+    raise Unsupported(f'{device}: ' + str(e).replace('|', '/').replace('\n', ' ')) from None
   vocab = {p: i for i, p in enumerate(model.tgt_tok.pieces(range(model.tgt_tok.vocab_size)))}
 
   def run():

@@ -47,18 +47,25 @@ _PRECOMPILED = flags.DEFINE_string(
     '--precompile --input FILE` stored (e.g. the validation set).')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/latency.py section.')
+_CT2_DEVICE = flags.DEFINE_enum('ct2_device', 'cpu', ['cpu', 'cuda', 'auto'],
+                                'Where CTranslate2 runs (auto: cuda when it sees a GPU), in '
+                                'float32 on a CPU and float16 on a GPU.')
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# The CTranslate2 job: argv = model dir, spm model, input, output, beam, alpha, max extra len.
+# The CTranslate2 job: argv = model dir, spm model, input, output, beam, alpha, max extra len,
+# device (cpu, cuda or auto).
 CT2_JOB = '''
 import sys
 import ctranslate2, sentencepiece
-model, spm, source, target, beam, alpha, extra = sys.argv[1:]
+model, spm, source, target, beam, alpha, extra, device = sys.argv[1:]
+if device == 'auto':
+  device = 'cuda' if ctranslate2.get_cuda_device_count() > 0 else 'cpu'
 sp = sentencepiece.SentencePieceProcessor(model_file=spm)
 lines = open(source, encoding='utf-8').read().splitlines()
 pieces = [p + ['</s>'] for p in sp.encode(lines, out_type=str)]
-translator = ctranslate2.Translator(model, device='cpu', compute_type='float32')
+translator = ctranslate2.Translator(model, device=device,
+                                    compute_type='float16' if device == 'cuda' else 'float32')
 results = translator.translate_batch(
     pieces, beam_size=int(beam), length_penalty=float(alpha), max_batch_size=4096,
     batch_type='tokens', max_decoding_length=max(map(len, pieces)) + int(extra))
@@ -150,7 +157,8 @@ def main(argv):
             ('decode.py --noprograms, warm compile cache', decode_cmd + ['--noprograms']),
             ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
                                         str(source), str(theirs), str(_BEAM.value),
-                                        str(decode.alpha), str(decode.max_extra_len)])]
+                                        str(decode.alpha), str(decode.max_extra_len),
+                                        _CT2_DEVICE.value])]
     if seed is not None:  # a copy of the precompiled programs, which the timed run adds to
       shutil.copytree(seed / 'programs', (after := scratch_workdir(workdir)) / 'programs')
       seeded = f'decode.py, after --precompile --input {pathlib.Path(_PRECOMPILED.value).name}'
@@ -159,7 +167,15 @@ def main(argv):
     scratch_dirs.append(work)
     cold = None
     for name, args in jobs:
-      r = run(args)
+      try:
+        r = run(args)
+      except RuntimeError as e:
+        if not name.startswith('CTranslate2'):
+          raise
+        last = str(e).strip().splitlines()[-1]  # e.g. its CUDA libraries do not load
+        table.append(f'| {n} | {name} | - | - | - | not run: {last[:200]} |')
+        print(table[-1], flush=True)
+        continue
       same = ''
       if name.startswith('decode.py'):  # every way of running decode.py translates alike
         cold = cold or ours.read_text()

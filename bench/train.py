@@ -17,6 +17,11 @@ time per XLA op kind (matmul, elementwise fusion, copy) and the largest ops with
 
 FLOPs are the model's matmul FLOPs on the padded batch (forward x 3 for forward + backward),
 counted the same way for every framework, so FLOP/s ratios equal step-time ratios.
+
+On a machine with a GPU both frameworks run on it (JAX's default backend; PyTorch on
+`cuda`), the peak is an 8192^3 matmul instead of 2048^3, peak memory is the device's, and
+`torch-bfloat16-compile` runs the same model through `torch.compile` (bench/gpu.py runs
+transformer-base at the paper's batch this way).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per variant.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 8000, 'Shared vocabulary size.')
 _VARIANTS = flags.DEFINE_list('variants', ['jax-float32', 'jax-bfloat16', 'torch-float32',
                                            'torch-bfloat16'], 'What to run, in this order; '
-                             'jax-DTYPE-remat recomputes layer activations in the backward pass.')
+                             'jax-DTYPE-remat recomputes layer activations in the backward pass; '
+                             'torch-DTYPE-compile runs torch.compile.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/train.py section.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: run one variant and print JSON.')
@@ -111,10 +117,12 @@ def time_steps(run_step, steps: int) -> dict:
 
 # ----------------------------------------------------------------------------- JAX
 
-def peak_matmul_jax(dtype: str, n: int = 2048, repeats: int = 5) -> float:
-  """FLOP/s of an n^3 jitted matmul (bfloat16 inputs accumulate in float32)."""
+def peak_matmul_jax(dtype: str, repeats: int = 5) -> float:
+  """FLOP/s of an n^3 jitted matmul (bfloat16 inputs accumulate in float32); n = 8192 on a
+  GPU, 2048 on a CPU."""
   import jax
   import jax.numpy as jnp
+  n = 2048 if jax.default_backend() == 'cpu' else 8192
   x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
   f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
   f(x, x).block_until_ready()
@@ -252,13 +260,14 @@ def jax_batch(vocab: int) -> dict:
 
 # ----------------------------------------------------------------------------- PyTorch
 
-def run_torch(dtype: str) -> dict:
+def run_torch(dtype: str, compiled: bool = False) -> dict:
   import math
 
   import torch
   import torch.nn.functional as F
 
   torch.set_num_threads(os.cpu_count() or 1)
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
   torch.manual_seed(0)
   m = model_section()
   d, v = m['d_model'], m['vocab_size']
@@ -291,27 +300,32 @@ def run_torch(dtype: str) -> dict:
                     tgt_is_causal=True)
       return h @ self.embed.weight.T
 
-  model = Model()
+  model = Model().to(device)
+  forward = torch.compile(model) if compiled else model
   opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-  b = {k: torch.from_numpy(val).long() for k, val in numpy_batch(v).items()}
-  causal = torch.nn.Transformer.generate_square_subsequent_mask(_LENGTH.value)
+  b = {k: torch.from_numpy(val).long().to(device) for k, val in numpy_batch(v).items()}
+  causal = torch.nn.Transformer.generate_square_subsequent_mask(_LENGTH.value, device=device)
 
   def one() -> None:
     opt.zero_grad(set_to_none=True)
-    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == 'bfloat16'):
-      logits = model(b['src'], b['tgt_in'], b['src_segments'] == 0, b['tgt_segments'] == 0,
-                     causal)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == 'bfloat16'):
+      logits = forward(b['src'], b['tgt_in'], b['src_segments'] == 0, b['tgt_segments'] == 0,
+                       causal)
       loss = F.cross_entropy(logits.float().reshape(-1, v), b['tgt_out'].reshape(-1),
                              ignore_index=0, label_smoothing=0.1)
     loss.backward()
     opt.step()
-  peak_before = peak_matmul_torch(dtype)
+    if device == 'cuda':
+      torch.cuda.synchronize()
+  peak_before = peak_matmul_torch(dtype, device)
   result = time_steps(one, _STEPS.value)
   result['compile_s'] = None
-  result['peak_flops'] = max(peak_before, peak_matmul_torch(dtype))
+  result['peak_flops'] = max(peak_before, peak_matmul_torch(dtype, device))
   result['temp_mb'] = None
-  result['device'] = 'cpu (torch %s)' % torch.__version__
-  result['memory_mb'] = peak_rss_mb()
+  name = torch.cuda.get_device_name() if device == 'cuda' else 'cpu'
+  result['device'] = f'{name} (torch {torch.__version__})'
+  result['memory_mb'] = (torch.cuda.max_memory_allocated() / 2 ** 20 if device == 'cuda'
+                         else peak_rss_mb())
   return result
 
 
@@ -335,18 +349,27 @@ def numpy_batch(vocab: int) -> dict:
   return out
 
 
-def peak_matmul_torch(dtype: str, n: int = 2048, repeats: int = 5) -> float:
+def peak_matmul_torch(dtype: str, device: str = 'cpu', repeats: int = 5) -> float:
+  """FLOP/s of an n^3 matmul on `device`: n = 8192 on a GPU, 2048 on a CPU."""
   import torch
-  x = torch.randn(n, n).to(torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
-  x @ x
-  return 2.0 * n ** 3 / min(_timed(lambda: x @ x) for _ in range(repeats))
+  n = 8192 if device == 'cuda' else 2048
+  x = torch.randn(n, n, device=device).to(torch.bfloat16 if dtype == 'bfloat16'
+                                           else torch.float32)
+  sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
+
+  def product() -> None:
+    x @ x
+    sync()
+  product()
+  return 2.0 * n ** 3 / min(_timed(product) for _ in range(repeats))
 
 
 # ----------------------------------------------------------------------------- driver
 
 def child(variant: str) -> None:
   framework, dtype, *extra = variant.split('-')  # e.g. jax-bfloat16-remat
-  result = run_jax(dtype, 'remat' in extra) if framework == 'jax' else run_torch(dtype)
+  result = (run_jax(dtype, 'remat' in extra) if framework == 'jax'
+            else run_torch(dtype, 'compile' in extra))
   print('RESULT ' + json.dumps(result))
 
 
