@@ -54,18 +54,15 @@ GPU_TESTS = ['tests/model/test_attention.py', 'tests/model/test_model.py',
              'tests/training/test_steps.py', 'tests/test_checkpoint.py']
 ENVIRONMENT_JOB = '''
 import sys, jax
-from jax.experimental import topologies
+from transformer_nmt import aot
 jax.print_environment_info()
 print('devices:', jax.devices())
 try:
-  config = topologies.get_topology_for_devices(jax.devices()).target_config
-  open(sys.argv[1], 'w').write(config)
+  aot.write_attached_gpu_target(sys.argv[1])
   print('target config written')
 except Exception as e:  # noqa: BLE001 -- a CPU has none; the report says why
   print(f'no target config: {type(e).__name__}: {e}'.splitlines()[0])
 '''
-
-
 class Run:
   """The results so far, the deadline, and the files in --out."""
 

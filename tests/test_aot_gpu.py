@@ -114,3 +114,33 @@ def test_aot_compile_bad_gpu_topology_is_one_line(topology):
   line = [x for x in result.stderr.splitlines() if x.startswith('error:')]
   assert len(line) == 1 and 'h100:8x8' in line[0], result.stderr
   assert 'Traceback' not in result.stderr
+
+
+H100_PROPERTIES = dict(  # cudaDeviceProp of an H100 SXM, as cupy gives it
+    maxThreadsPerBlock=1024, warpSize=32, sharedMemPerBlock=49152,
+    sharedMemPerMultiprocessor=233472, maxThreadsPerMultiProcessor=2048, multiProcessorCount=132,
+    maxGridSize=(2147483647, 65535, 65535), l2CacheSize=52428800, totalGlobalMem=84929347584,
+    sharedMemPerBlockOptin=232448, major=9, minor=0, regsPerMultiprocessor=65536,
+    regsPerBlock=65536)
+
+
+def _fields(text: str) -> list[tuple[str, str]]:
+  """(name, value) of every field in order, a minor version of 0 (the default) left out."""
+  import re
+  text = re.sub(r'#.*', '', text)
+  return [f for f in re.findall(r'(\w+): ("[^"]*"|[\d.]+)', text) if f != ('minor', '0')]
+
+
+def test_target_config_from_device_properties_compiles_and_matches_the_shipped_one():
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import topologies
+  text = aot.gpu_target_config_of(H100_PROPERTIES, 1_980_000, 2_619_000, 5120, (9, 8), (12, 8),
+                                  'NVIDIA H100 80GB HBM3')
+  # memory_bandwidth: 2 x 2619 MHz x 5120 bits = 3.35232 TB/s
+  assert _fields(text) == _fields(aot.gpu_target_config('h100'))
+  devices = topologies.get_topology_desc(platform='cuda', target_config=text,
+                                         topology='1x1x1').devices
+  x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16,
+                           sharding=jax.sharding.SingleDeviceSharding(devices[0]))
+  assert jax.jit(lambda a: a @ a).lower(x).compile().memory_analysis().output_size_in_bytes > 0
