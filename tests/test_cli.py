@@ -49,11 +49,14 @@ def test_train_end_to_end_then_resume(tmp_path):
   assert {'eval_loss', 'eval_bleu', 'test_bleu'} <= set(rows[-1])
   assert list((workdir / 'tensorboard').iterdir()), 'no TensorBoard event file'
   assert 'step 20/20' in first.stderr
+  assert 'Encoding the training text into' in first.stderr and 'data wait' in first.stderr
+  assert all('data_wait' in r for r in train_rows)
 
   second = run_train(workdir, '--config.train.num_steps=30')
   assert second.returncode == 0, second.stderr[-3000:]
   assert 'Resumed from checkpoint at step 20' in second.stderr
   assert 'Training SentencePiece' not in second.stderr  # the workdir's tokenizer is reused
+  assert 'Training pairs mapped from' in second.stderr  # and the encoded pairs (data.cache)
   assert set(COMPILE_CACHE.iterdir()) == cached  # every program loaded, none compiled anew
   new_rows = metrics(workdir)[len(rows):]
   assert [r['step'] for r in new_rows if 'train_loss' in r] == [25, 30]
@@ -91,6 +94,7 @@ def test_the_compile_cache_is_the_workdirs_unless_jax_compilation_cache_dir_name
     ('--config.model.norm_position=middle', "model.norm_position='middle'"),
     ('--config.model.no_such_key=1', 'no_such_key'),
     ('--config.train.global_batch_tokens=-1', 'train.global_batch_tokens=-1 must be 0'),
+    ('--config.data.prefetch=-2', 'data.prefetch=-2 must be 0'),
     ('--config=configs/multi30k.py:xx-de', "direction 'xx-de': expected SOURCE-TARGET"),
 ])
 def test_bad_config_values_fail_cleanly_and_write_nothing(tmp_path, flag, message):
@@ -118,6 +122,13 @@ def test_data_errors_fail_cleanly(tmp_path):
   for flags, message in cases:
     _assert_clean_failure(run_train(workdir, *text, *flags), message)
     assert not workdir.exists()
+
+
+def test_an_unwritable_cache_dir_fails_in_one_line(tmp_path):
+  (tmp_path / 'file').write_text('not a directory')
+  result = run_train(tmp_path / 'run', f'--config.data.cache_dir={tmp_path}/file')
+  _assert_clean_failure(result, 'set data.cache_dir to a writable directory')
+  assert result.returncode == 2
 
 
 @pytest.mark.slow

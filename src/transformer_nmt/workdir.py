@@ -14,6 +14,8 @@
   WORKDIR/programs/          decode.py's compiled programs (decoding/programs.py), and in
                              programs/params/ snapshots of restored parameters (snapshots.py)
   WORKDIR/demo_data/         the generated demo corpus (data.source='demo')
+  WORKDIR/data_cache/        the encoded training split (data/cache.py), unless
+                             data.cache_dir names another directory
   WORKDIR/recipe/            recipe.py's test-set translations (<test set>.hyp) and its
                              choice on validation (selection.json)
   WORKDIR/plots/             plot.py's PNGs (unless told otherwise)
@@ -84,6 +86,10 @@ class Workdir:
   @property
   def demo_data(self) -> pathlib.Path:
     return self.root / 'demo_data'
+
+  @property
+  def data_cache(self) -> pathlib.Path:
+    return self.root / 'data_cache'
 
   @property
   def recipe(self) -> pathlib.Path:

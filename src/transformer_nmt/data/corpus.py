@@ -13,6 +13,7 @@ import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import cache
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.workdir import Workdir
@@ -24,14 +25,26 @@ Lines = tuple[list[str], list[str], data_lib.ReadStats]
 class Corpus:
   """Raw text of each split; `test` is None when no test files are configured.
 
+  The training text is read when first asked for (`train`): a start that maps the encoded
+  pairs from the cache (data/cache.py) with a tokenizer already trained never reads it.
+  `train_files`: the identities of the files it comes from (`cache.file_identity`); empty
+  when it does not come from files (tfds), which the cache then leaves alone.
   `host_sharded`: this process holds only its own share of the training split (tfds with
   several processes), so its batches are its own rows of the global batch.
   """
 
-  train: Lines
+  read_train: Callable[[], Lines]
   valid: Lines
   test: Optional[Lines]
   host_sharded: bool = False
+  train_files: Callable[[], list[dict]] = list
+  _train: Optional[Lines] = dataclasses.field(default=None, repr=False)
+
+  @property
+  def train(self) -> Lines:
+    if self._train is None:
+      self._train = self.read_train()
+    return self._train
 
 
 def _paths(data_cfg: Any, split: str) -> tuple[str, str]:
@@ -60,15 +73,21 @@ def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
   else:
     raise ConfigError(f"data.source={data_cfg.source!r} must be 'text', 'tfds' or 'demo'")
   test = paths['test'] if all(paths['test']) else None
-  return Corpus(train=_read_train(paths['train'], data_cfg),
+  # read later (see Corpus): the file names are taken now, from the config as it is now
+  train = [paths['train'], *zip(data_cfg.extra_train_src, data_cfg.extra_train_tgt)]
+  # the demo corpus is written anew at every start: only its content tells a change
+  by_content = data_cfg.source == 'demo'
+  return Corpus(read_train=lambda: _read_train(train),
                 valid=data_lib.read_parallel(*paths['valid']),
-                test=data_lib.read_parallel(*test) if test else None)
+                test=data_lib.read_parallel(*test) if test else None,
+                train_files=lambda: [cache.file_identity(f, by_content)
+                                     for pair in train for f in pair])
 
 
-def _read_train(paths: tuple[str, str], data_cfg: Any) -> Lines:
+def _read_train(pairs: list[tuple[str, str]]) -> Lines:
   """The training pairs of train_* followed by those of each extra_train_* pair of files."""
-  src, tgt, stats = data_lib.read_parallel(*paths)
-  for extra in zip(data_cfg.extra_train_src, data_cfg.extra_train_tgt):
+  src, tgt, stats = data_lib.read_parallel(*pairs[0])
+  for extra in pairs[1:]:
     more_src, more_tgt, more = data_lib.read_parallel(*extra)
     logging.info('Training pairs from %s and %s: %d kept of %d (%d with an empty side)',
                  *extra, more.kept, more.lines, more.empty)
@@ -84,8 +103,9 @@ def _read_tfds(data_cfg: Any) -> Corpus:
   from transformer_nmt.data import tfds as tfds_data
   train, valid, test = data_cfg.tfds_splits
   count, index = jax.process_count(), jax.process_index()
+  pairs = tfds_data.read_split(data_cfg, train, data_cfg.max_train_examples, (index, count))
   return Corpus(
-      train=tfds_data.read_split(data_cfg, train, data_cfg.max_train_examples, (index, count)),
+      read_train=lambda: pairs,
       valid=tfds_data.read_split(data_cfg, valid),
       test=tfds_data.read_split(data_cfg, test) if test else None,
       host_sharded=count > 1)
@@ -104,18 +124,20 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
 
 def _tokenizers(data_cfg: Any, corpus: Corpus,
                 workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
-  src_lines, tgt_lines, _ = corpus.train
   src_path, tgt_path = Workdir(workdir).tokenizer_paths(data_cfg.joint_vocab)
   if data_cfg.joint_vocab:
-    tok = _load_or_train(data_cfg, src_path, src_lines + tgt_lines, data_cfg.spm_model)
+    tok = _load_or_train(data_cfg, src_path, lambda: corpus.train[0] + corpus.train[1],
+                         data_cfg.spm_model)
     return tok, tok
   if data_cfg.spm_model:
     raise ConfigError('data.spm_model gives one shared model; it needs data.joint_vocab=True')
-  return (_load_or_train(data_cfg, src_path, src_lines, ''),
-          _load_or_train(data_cfg, tgt_path, tgt_lines, ''))
+  return (_load_or_train(data_cfg, src_path, lambda: corpus.train[0], ''),
+          _load_or_train(data_cfg, tgt_path, lambda: corpus.train[1], ''))
 
 
-def _load_or_train(data_cfg: Any, path: pathlib.Path, lines: list[str], given: str) -> Tokenizer:
+def _load_or_train(data_cfg: Any, path: pathlib.Path, text: Callable[[], list[str]],
+                   given: str) -> Tokenizer:
+  """The model at `path`; else a copy of `given`; else one trained on `text()`."""
   if path.exists():
     logging.info('Reusing SentencePiece model %s', path)
     return Tokenizer(path)
@@ -123,6 +145,7 @@ def _load_or_train(data_cfg: Any, path: pathlib.Path, lines: list[str], given: s
     Tokenizer(given)  # fail with a clear message before copying anything
     shutil.copyfile(given, path)
     return Tokenizer(path)
+  lines = text()
   logging.info('Training SentencePiece (%s, up to %d pieces) on %d lines -> %s',
                data_cfg.spm_model_type, data_cfg.vocab_size, len(lines), path)
   tok = train_tokenizer(lines, path, vocab_size=data_cfg.vocab_size,
@@ -145,16 +168,37 @@ def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
                                   max_len=data_cfg.max_len if train else None)
 
 
-def sampled_epochs(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
-                   seed: int) -> Callable[[int], data_lib.ParallelData]:
+def encode_train(data_cfg: Any, corpus: Corpus, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                 directory: Optional[pathlib.Path]) -> data_lib.ParallelData:
+  """The training split encoded, through the cache in `directory` (data/cache.py) when given
+  and the text comes from files: mapped when an entry matches, else encoded and stored.
+  Process 0 writes the entry first; the others then map it (or, when their cache directory
+  is not the same one, write their own)."""
+  files = corpus.train_files() if directory is not None else []
+  if not files:
+    return encode(corpus.train, src_tok, tgt_tok, data_cfg, train=True)
+  key = cache.cache_key(files, src_tok, tgt_tok, data_cfg.max_len)
+  encode_text = lambda: cache.encode(*corpus.train, src_tok, tgt_tok, data_cfg.max_len)
+  mine: list[cache.Encoded] = []
+  sharding.on_leader(lambda: mine.append(cache.load_or_encode(directory, key, encode_text)))
+  found = mine[0] if mine else cache.load_or_encode(directory, key, encode_text)
+  boundaries = (list(data_cfg.bucket_boundaries) if data_cfg.bucket_boundaries
+                else data_lib.bucket_boundaries(data_cfg.max_len))
+  return data_lib.ParallelData(found.src, found.tgt, found.index, tgt_tok.pad_id, tgt_tok.bos_id,
+                               boundaries, dataclasses.replace(found.stats))
+
+
+def sampled_epochs(text: Callable[[], Lines], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                   data_cfg: Any, seed: int) -> Callable[[int], data_lib.ParallelData]:
   """Subword regularisation (data.spm_alpha > 0): epoch -> the training split segmented by
   SentencePiece sampling, the same for the same (seed, epoch), another for another epoch.
   Pairs that the sampled segmentation makes longer than data.max_len are left out of that
-  epoch (counted in the log). Validation and test text is never sampled."""
-  src, tgt, stats = lines
+  epoch (counted in the log). Validation and test text is never sampled. `text()` is
+  called at the first epoch (in the thread that builds batches, data/prefetch.py)."""
   boundaries = list(data_cfg.bucket_boundaries) if data_cfg.bucket_boundaries else None
 
   def epoch_data(epoch: int) -> data_lib.ParallelData:
+    src, tgt, stats = text()
     state = np.random.SeedSequence([seed, epoch]).generate_state(2)
     sample = dict(alpha=data_cfg.spm_alpha, nbest=data_cfg.spm_nbest)
     data = data_lib.parallel_ids(src_tok.sample(src, seed=int(state[0]), **sample),

@@ -90,6 +90,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   if hold is not None:  # before anything is read or written (see Workdir.lock)
     sharding.on_leader(lambda: hold.enter_context(Workdir(workdir).lock()))
   corpus = corpus_lib.read_corpus(config.data, workdir)
+  if Workdir(workdir).existing_tokenizer_paths() is None:
+    corpus.train  # a new run reads (so checks) its training text before writing anything
   workdir.mkdir(parents=True, exist_ok=True)
   Workdir(workdir).check_tokenizers()  # before a missing one would be trained anew
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
@@ -101,15 +103,18 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
                                      src_vocab_size=src_tok.vocab_size)
   sharding.on_leader(lambda: _check_and_write_config(
       config, model_cfg, workdir, {'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint}))
-  splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, name == 'train')
-            for name, lines in (('train', corpus.train), ('valid', corpus.valid),
-                                ('test', corpus.test)) if lines is not None}
+  cache_dir = (pathlib.Path(config.data.cache_dir or Workdir(workdir).data_cache)
+               if config.data.cache else None)
+  splits = {name: corpus_lib.encode(lines, src_tok, tgt_tok, config.data, False)
+            for name, lines in (('valid', corpus.valid), ('test', corpus.test))
+            if lines is not None}
+  splits['train'] = corpus_lib.encode_train(config.data, corpus, src_tok, tgt_tok, cache_dir)
   for name, split in splits.items():
     s = split.stats
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
   evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok, typed.decode)
-  epochs = (corpus_lib.sampled_epochs(corpus.train, src_tok, tgt_tok, config.data,
+  epochs = (corpus_lib.sampled_epochs(lambda: corpus.train, src_tok, tgt_tok, config.data,
                                       config.train.seed) if config.data.spm_alpha > 0 else None)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator,
