@@ -24,6 +24,13 @@ COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cach
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 
 
+# The key that signs stored programs (decoding/programs.py) lives in the user's config
+# directory: the suite keeps its own rather than writing to the home directory.
+if 'XDG_CONFIG_HOME' not in os.environ:
+  os.environ['XDG_CONFIG_HOME'] = tempfile.mkdtemp(prefix='transformer_nmt_tests_config_')
+  atexit.register(shutil.rmtree, os.environ['XDG_CONFIG_HOME'], ignore_errors=True)
+
+
 def shared_compile_cache(env: dict | None = None) -> dict:
   """`env` (default: this process's environment) with the suite's compilation cache."""
   return dict(os.environ if env is None else env, JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE))

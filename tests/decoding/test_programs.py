@@ -109,8 +109,61 @@ def test_a_damaged_program_is_compiled_again(loaded, lines, stored, tmp_path, ca
   victim.write_bytes(b'not a program')
   with caplog.at_level(logging.WARNING):
     assert again.translate_lines(loaded.params, lines) == out
-  assert f'Stored program {victim} does not load' in caplog.text
+  assert f'Stored program {victim} is not signed' in caplog.text
   assert again.store.saved == 1 and victim.read_bytes() != b'not a program'
+
+
+class _Planted:
+  """A pickle that runs code when loaded: touches `marker`."""
+
+  def __init__(self, marker):
+    self.marker = str(marker)
+
+  def __reduce__(self):
+    return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def _copy_store(directory, into):
+  into.mkdir()
+  for sub in directory.iterdir():
+    (into / sub.name).mkdir()
+    for f in sub.iterdir():
+      (into / sub.name / f.name).write_bytes(f.read_bytes())
+  return into
+
+
+@pytest.mark.parametrize('signed_by', ['nobody', 'another user'])
+def test_a_planted_pickle_is_never_loaded(loaded, lines, stored, tmp_path, caplog, monkeypatch,
+                                          signed_by):
+  """A workdir's programs run no code of whoever wrote them: a pickle that would touch a
+  file, unsigned or signed with another user's key, is compiled again, never unpickled."""
+  import pickle
+  directory, out, _ = stored
+  copy = _copy_store(directory, tmp_path / 'programs')
+  again = _translator(loaded, copy)
+  marker = tmp_path / 'code_ran'
+  payload = pickle.dumps(_Planted(marker))
+  assert not marker.exists()
+  victims = sorted(again.store.directory.glob('*.program'))
+  other_key = bytes(range(32))
+  for victim in victims:
+    victim.write_bytes(payload if signed_by == 'nobody' else programs.sign(other_key, payload))
+  with caplog.at_level(logging.WARNING):
+    assert again.translate_lines(loaded.params, lines) == out
+  assert not marker.exists()
+  assert caplog.text.count('is not signed with this user') == len(victims)
+  assert again.store.loaded == 0 and again.store.saved == len(victims)
+  pickle.loads(payload)  # the payload does run code when unpickled: the test means something
+  assert marker.exists()
+
+
+def test_the_signing_key_is_private_and_outside_the_workdir(stored):
+  path = programs.key_path()
+  assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_bytes()) == 32
+  assert stored[0] not in path.parents
+  key = programs.signing_key()
+  assert programs.verified(key, programs.sign(key, b'x')) == b'x'
+  assert programs.verified(key, programs.sign(key, b'x')[:-1] + b'y') is None
 
 
 def test_an_unwritable_store_warns_once_and_translates(loaded, lines, stored, tmp_path, caplog):

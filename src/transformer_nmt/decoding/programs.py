@@ -14,8 +14,12 @@ cannot be written is used read-only: the store does not stop a translation. The 
 exception: a stored program that fails while running after it took its donated inputs
 (StoredJit's donate_argnums) ends the run with a DataError that names the store to delete.
 
-Deserialising an executable can run arbitrary code (it is a pickle): a store is for one's own
-workdirs, like their checkpoints.
+Deserialising an executable can run arbitrary code (jax serialises it as a pickle), and
+workdirs are shared and served. So every stored file carries an HMAC-SHA256 of its contents
+under a key kept outside any workdir (`key_path`: the user's config directory, created on
+first use, readable by its owner only), and a file is unpickled only when its tag checks
+out: a file planted or changed by anyone without the key (or written under another user's
+key) is compiled again with one warning, never loaded.
 
 On XLA:CPU (jax 0.10.2) an executable that JAX's persistent compilation cache supplied
 serialises without some of its kernels ('Function ... not found' when a later run calls it),
@@ -26,12 +30,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import os
 import pathlib
 import pickle
 import platform
+import secrets
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -45,6 +51,7 @@ from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 
 _IDENTITY = 'identity.json'
+_MAGIC = b'transformer_nmt program 2\n'  # then a 32-byte HMAC-SHA256 tag, then the pickle
 _cache_hits = [0]  # programs JAX's persistent compilation cache supplied in this process
 
 
@@ -107,6 +114,47 @@ def _digest(text: str) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def key_path() -> pathlib.Path:
+  """The key that signs stored programs: $XDG_CONFIG_HOME (default ~/.config)/
+  transformer_nmt/programs.key, outside every workdir."""
+  base = os.environ.get('XDG_CONFIG_HOME') or os.path.join(os.path.expanduser('~'), '.config')
+  return pathlib.Path(base) / 'transformer_nmt' / 'programs.key'
+
+
+def signing_key() -> bytes:
+  """This user's 32-byte key, created (mode 0600) on first use. Raises OSError when it can
+  be neither read nor created."""
+  path = key_path()
+  try:
+    key = path.read_bytes()
+  except FileNotFoundError:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it first
+      return signing_key()
+    with os.fdopen(fd, 'wb') as f:
+      f.write(secrets.token_bytes(32))
+    key = path.read_bytes()
+  if len(key) < 32:
+    raise OSError(f'{path} holds {len(key)} bytes, not a 32-byte key: delete it to make a new '
+                  'one (stored programs are then compiled again)')
+  return key
+
+
+def sign(key: bytes, payload: bytes) -> bytes:
+  """A stored file's bytes: the magic line, the payload's HMAC-SHA256 tag, the payload."""
+  return _MAGIC + hmac.new(key, payload, hashlib.sha256).digest() + payload
+
+
+def verified(key: bytes, data: bytes) -> Optional[bytes]:
+  """The payload of a file `sign` wrote with `key`, or None when it was not (another key,
+  a changed byte, an older format)."""
+  tag, payload = data[len(_MAGIC):len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
+  good = hmac.new(key, payload, hashlib.sha256).digest()
+  return payload if data.startswith(_MAGIC) and hmac.compare_digest(tag, good) else None
+
+
 class ProgramStore:
   """Serialised executables in `root`/<hash of the identity>/<name>-<hash of shapes>.program.
 
@@ -118,10 +166,12 @@ class ProgramStore:
     self.directory = self.root / _digest(json.dumps(fields, sort_keys=True))
     self.loaded = self.saved = 0
     self.writable = True
+    self.key: Optional[bytes] = None
     try:
+      self.key = signing_key()
       if not self.directory.exists():
         self._notice_stale()
-    except OSError as e:  # an unreadable directory, or one removed while we looked
+    except OSError as e:  # an unreadable directory or key, or one removed while we looked
       self.writable = False
       logging.warning('Not using the compiled programs in %s (%s)', self.root, e)
 
@@ -151,11 +201,18 @@ class ProgramStore:
     does not load, with a warning)."""
     path = self.path(name, signature)
     try:
-      data = path.read_bytes()
+      data = path.read_bytes() if self.key is not None else b''
     except OSError:
       return None
+    if not data:
+      return None
+    trusted = verified(self.key, data)
+    if trusted is None:
+      logging.warning('Stored program %s is not signed with this user\'s key (%s); compiling '
+                      'it again without loading it', path, key_path())
+      return None
     try:
-      stored_signature, payload, in_tree, out_tree = pickle.loads(data)
+      stored_signature, payload, in_tree, out_tree = pickle.loads(trusted)
       if stored_signature != signature:  # a hash collision, however unlikely
         return None
       program = serialize_executable.deserialize_and_load(
@@ -177,7 +234,7 @@ class ProgramStore:
       if not (self.directory / _IDENTITY).exists():
         write_atomically(self.directory / _IDENTITY, json.dumps(self.fields, indent=1))
       write_atomically(self.path(name, signature),
-                       pickle.dumps((signature, payload, in_tree, out_tree)))
+                       sign(self.key, pickle.dumps((signature, payload, in_tree, out_tree))))
     except Exception as e:  # noqa: BLE001 -- unwritable disk, or a program that does not
       # serialize (host callbacks, a backend without serialization): never stops decoding
       self.writable = False
