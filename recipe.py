@@ -87,7 +87,8 @@ def run(alphas: list[float]) -> None:
   else:
     logging.info('%s has reached step %d: not training', workdir, config.train.num_steps)
   rows = read_metrics(Workdir(workdir).metrics)
-  wall = max((r['wall_s'] for r in rows if 'wall_s' in r), default=None)
+  wall = max((r['wall_s'] for r in rows if isinstance(r.get('wall_s'), (int, float))),
+             default=None)
 
   t0 = time.time()
   selection, translator = _select(config, workdir, valid, alphas)
@@ -100,20 +101,26 @@ def run(alphas: list[float]) -> None:
     write_atomically(out, ''.join(h + '\n' for h in s.hypotheses))
     scored.append((name, s))
   logging.info('selection and decoding took %.0f s', time.time() - t0)
+  # The choice is written at once, before the plots and the row, so that nothing after it
+  # (a damaged metrics file, a plotting error) can lose the hour of work behind it.
+  Workdir(workdir).selection.parent.mkdir(exist_ok=True)
+  write_atomically(Workdir(workdir).selection, report.selection_json(selection, scored))
 
   plot_dir = pathlib.Path(_PLOTS.value) / workdir.name
-  paths = [plots.plot_learning_curves(rows, plot_dir / 'curves.png', title=workdir.name)]
-  if tests:
-    paths += plots.plot_cross_attention(model, tests[0][1][0], scored[0][1].hypotheses, plot_dir,
-                                        _ATTENTION.value)
+  try:
+    paths = [plots.plot_learning_curves(rows, plot_dir / 'curves.png', title=workdir.name)]
+    if tests:
+      paths += plots.plot_cross_attention(model, tests[0][1][0], scored[0][1].hypotheses,
+                                          plot_dir, _ATTENTION.value)
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    logging.warning('No plots in %s (%s: %s); the results row goes without them', plot_dir,
+                    type(e).__name__, e)
+    paths = []
   results = pathlib.Path(_RESULTS.value)
   links = [os.path.relpath(p, results.parent) for p in paths]
   row = report.results_row(config=_config_arg(), direction=_direction(config.data),
                            steps=config.train.num_steps, train_seconds=wall,
                            selection=selection, tests=scored, plots=links)
-  # The choice is written before the row, so that a failure leaves no row behind it.
-  Workdir(workdir).selection.parent.mkdir(exist_ok=True)
-  write_atomically(Workdir(workdir).selection, report.selection_json(selection, scored))
   report.append_row(results, row)
   logging.info('appended to %s: %s', results, row.strip())
 

@@ -92,9 +92,13 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert json.loads(Workdir(workdir).selection.read_text())['tests'] == {}
   assert not Workdir(workdir).hypotheses('test').exists()
 
+  # damaged lines in metrics.jsonl (issue 52): skipped and counted, the work still recorded
+  with open(Workdir(workdir).metrics, 'ab') as f:
+    f.write(b'\xff\xfe not utf-8\nnull\n{"loss": 1.0}\n')
   first = run_recipe(workdir, tmp_path, '--beam_size', '2', '--alphas', '0.6,1.0',
                      '--average_last', '2', '--attention_sentences', '2', '--mbr', 'chrf')
   assert first.returncode == 0, first.stderr[-3000:]
+  assert 'skipped 3 damaged line(s)' in first.stderr
   assert 'has reached step 20: not training' in first.stderr
   selection = json.loads(Workdir(workdir).selection.read_text())
   labels = [(c, s) for c, s, _ in selection['trials']]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import re
@@ -53,17 +54,26 @@ class MetricWriter:
 def read_metrics(path: str | os.PathLike) -> list[dict]:
   """The rows of a metrics.jsonl in file order ([] if it does not exist).
 
-  A resumed run may log a step again; a line cut short by a crash is skipped.
+  A resumed run may log a step again. A damaged line (cut short by a crash, not UTF-8, not a
+  JSON object, or without an integer `step`) is skipped, and the skipped lines are counted in
+  one warning: resume, plots and recipe.py go on with the rows that are whole.
   """
   path = pathlib.Path(path)
   if not path.exists():
     return []
-  rows = []
-  for line in path.read_text(encoding='utf-8').splitlines():
+  rows, damaged = [], []
+  for number, raw in enumerate(path.read_bytes().splitlines(), 1):
     try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
+      row = json.loads(raw.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+      row = None
+    if isinstance(row, dict) and isinstance(row.get('step'), int):
+      rows.append(row)
+    elif raw.strip():
+      damaged.append(number)
+  if damaged:
+    logging.warning('%s: skipped %d damaged line(s) (line %s%s)', path, len(damaged),
+                    damaged[0], ', ...' if len(damaged) > 1 else '')
   return rows
 
 
