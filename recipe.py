@@ -177,4 +177,4 @@ def _direction(d) -> str:
 
 
 if __name__ == '__main__':
-  app.run(main_running(checked_run), flags_parser=config_flag_parser(_CONFIG))
+  app.run(main_running(checked_run, resumes=True), flags_parser=config_flag_parser(_CONFIG))

@@ -42,4 +42,4 @@ def run() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main_running(run), flags_parser=config_flag_parser(_CONFIG))
+  app.run(main_running(run, resumes=True), flags_parser=config_flag_parser(_CONFIG))

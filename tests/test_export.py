@@ -55,3 +55,30 @@ def test_export_command_refuses_a_non_empty_output(tmp_path):
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 2 and 'is not empty' in result.stderr
   assert (tmp_path / 'out' / 'x').read_text() == 'keep me'
+
+
+def test_an_export_that_fails_midway_leaves_nothing_and_a_rerun_works(tiny_cfg, tokenizer,
+                                                                      tmp_path, monkeypatch):
+  """A full disk while the model is written (issue 52): no half-written directory, no
+  temporary one, nothing that makes the rerun refuse; the rerun writes the whole model."""
+  import errno
+
+  from transformer_nmt import cli
+  from transformer_nmt.export import export
+  cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size)
+  params = init_params(cfg, jax.random.key(3))
+  real_save = ctranslate2.specs.TransformerSpec.save
+
+  def full_disk(spec, path):
+    real_save(spec, path)  # the files are there, then the disk fills
+    raise OSError(errno.ENOSPC, 'No space left on device', f'{path}/model.bin')
+  monkeypatch.setattr(ctranslate2.specs.TransformerSpec, 'save', full_disk)
+  out = tmp_path / 'models' / 'ct2'
+  with pytest.raises(OSError) as failure:
+    export(cfg, params, tokenizer, tokenizer, out)
+  assert not out.exists() and list((tmp_path / 'models').iterdir()) == []
+  message = cli.file_system_error(failure.value)
+  assert message.startswith('no space left on the disk') and 'resume' not in message
+  monkeypatch.setattr(ctranslate2.specs.TransformerSpec, 'save', real_save)
+  export(cfg, params, tokenizer, tokenizer, out)
+  assert sorted(p.name for p in out.iterdir())[:2] == ['config.json', 'model.bin']

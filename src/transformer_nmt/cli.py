@@ -145,10 +145,12 @@ def _missing_key(error: Exception) -> Optional[str]:
   return None
 
 
-def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
+def main_running(run: Callable[[], None], resumes: bool = False
+                 ) -> Callable[[list[str]], None]:
   """An absl `main` that rejects stray arguments, quiets logging, reports UserErrors (bad
-  files, options, workdirs) in one line and exits with code 130 on Ctrl-C (train.py has then
-  saved a checkpoint that a rerun resumes from)."""
+  files, options, workdirs) and the file system's refusals in one line and exits with code
+  130 on Ctrl-C (train.py has then saved a checkpoint that a rerun resumes from). `resumes`:
+  a rerun continues the work (training), which the hint for a full disk then says."""
   def main(argv: list[str]) -> None:
     from absl import app
 
@@ -163,17 +165,17 @@ def main_running(run: Callable[[], None]) -> Callable[[list[str]], None]:
     except KeyboardInterrupt:
       raise SystemExit(130) from None
     except Exception as e:  # noqa: BLE001 -- the file system's refusals are the user's to fix
-      message = file_system_error(e)
+      message = file_system_error(e, resumes)
       if message is None:
         raise
       fail(message)
   return main
 
 
-def file_system_error(error: BaseException) -> Optional[str]:
+def file_system_error(error: BaseException, resumes: bool = False) -> Optional[str]:
   """One line for an error the file system raised (a full disk, a read-only or missing
   directory, a path that is a file), wherever it surfaced (Orbax and TensorStore wrap them in
-  their own exceptions); None for anything else."""
+  their own exceptions); None for anything else. `resumes`: a rerun continues the work."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
@@ -181,7 +183,8 @@ def file_system_error(error: BaseException) -> Optional[str]:
     if getattr(error, 'errno', None) == errno.ENOSPC or 'No space left on device' in text:
       where = getattr(error, 'filename', None)
       return (f'no space left on the disk{f" writing {where}" if where else ""}; free some '
-              '(a workdir\'s compile_cache/ can always be deleted) and run again to resume')
+              '(a workdir\'s compile_cache/ can always be deleted) and run again'
+              + (' to resume' if resumes else ''))
     if isinstance(error, OSError) and error.errno in _FILE_SYSTEM_ERRNOS:
       return f'{error.filename or "a file"}: {error.strerror}'
     error = error.__cause__  # explicit wrapping only: a bug met while handling one is a bug

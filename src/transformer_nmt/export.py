@@ -19,6 +19,9 @@ beam search results can differ slightly from ours; greedy search agrees.
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
+import tempfile
 from typing import Any
 
 import jax.numpy as jnp
@@ -27,6 +30,7 @@ import numpy as np
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.files import current_umask
 from transformer_nmt.model.layers import sinusoidal_positions
 
 
@@ -107,5 +111,16 @@ def export(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Tokenizer
   spec = build_spec(cfg, params, src_tok, tgt_tok)
   spec.validate()
   spec.optimize(quantization=quantization)
-  os.makedirs(out_dir, exist_ok=True)
-  spec.save(str(out_dir))
+  out = pathlib.Path(out_dir)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  # Written beside `out` and renamed when complete (rename(2) replaces an empty directory),
+  # so that a full disk or a crash leaves no half-written model behind.
+  partial = pathlib.Path(tempfile.mkdtemp(prefix=f'.{out.name}.', suffix='.partial',
+                                          dir=out.parent))
+  try:
+    spec.save(str(partial))
+    os.chmod(partial, 0o777 & ~current_umask())  # mkdtemp makes it private
+    os.replace(partial, out)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise

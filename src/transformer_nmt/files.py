@@ -40,10 +40,10 @@ def _mode_for(path: pathlib.Path) -> int:
   try:
     return stat.S_IMODE(os.stat(path).st_mode)
   except FileNotFoundError:
-    return 0o666 & ~_umask()
+    return 0o666 & ~current_umask()
 
 
-def _umask() -> int:
+def current_umask() -> int:
   """The process's umask, read without changing it (os.umask can only set it, and setting
   it to read it would race with other threads creating files)."""
   try:
