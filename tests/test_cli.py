@@ -196,8 +196,12 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_losses(tmp_path, variant
 def test_workdir_refusals_and_corrupt_checkpoint_fallback(tmp_path):
   workdir = tmp_path / 'run'
   assert run_train(workdir).returncode == 0  # checkpoints at 10 and 20
-  other = run_train(workdir, '--config.model.d_model=48', '--config.model.num_heads=2')
+  before = {p: p.read_bytes() for p in workdir.rglob('*') if p.is_file()}
+  other = run_train(workdir, '--config.model.d_model=48', '--config.model.num_heads=2',
+                    '--config.data.demo_sizes=(300,20,20)')
   _assert_clean_failure(other, 'holds checkpoints of a different model')
+  after = {p: p.read_bytes() for p in workdir.rglob('*') if p.is_file()}
+  assert after == before  # nothing rewritten before the refusal, not even the demo data
   for blob in (workdir / 'checkpoints' / '20').rglob('*'):
     if blob.is_file() and blob.parent.name == 'd':
       blob.write_bytes(b'damaged')  # what a disk fault or a bad copy leaves
@@ -220,6 +224,25 @@ def test_workdir_refusals_and_corrupt_checkpoint_fallback(tmp_path):
   decoded = run_decode(workdir, stdin='a small house\n')
   assert decoded.returncode == 0 and 'checkpoint step(s) [20]' in decoded.stderr
   assert 'unreadable' not in decoded.stderr
+  # a step entry that cannot be read at all (a symlink loop) is moved aside like a damaged one
+  (workdir / 'checkpoints' / '30').symlink_to('30')
+  looped = run_train(workdir, '--config.train.num_steps=30')
+  assert looped.returncode == 0, looped.stderr[-3000:]
+  assert 'Checkpoint at step 30 is unreadable' in looped.stderr
+  assert 'Resumed from checkpoint at step 20' in looped.stderr
+  assert (workdir / 'checkpoints' / 'quarantine' / '30').is_symlink()
+  assert (workdir / 'checkpoints' / '30').is_dir()  # written again by this run
+
+
+@pytest.mark.parametrize('place', ['checkpoints', 'best'])
+def test_checkpoints_that_are_a_file_are_refused_before_anything_is_written(tmp_path, place):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / place).write_text('not a directory')
+  started = time.time()
+  _assert_clean_failure(run_train(workdir), f'{workdir / place} is a file, not a directory')
+  assert time.time() - started < 60  # at once, not after Orbax's timeouts
+  assert [p.name for p in workdir.iterdir()] == [place]
 
 
 def test_a_lone_unreadable_checkpoint_is_not_moved(tmp_path):

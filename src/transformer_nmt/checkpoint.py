@@ -99,6 +99,8 @@ class Checkpointer:
     training writes those steps again. When none reads back, the cause is more likely the
     setup than the files: nothing is moved and the first error is raised as a DataError.
     """
+    if quarantine:
+      self._quarantine_unlisted()
     damaged: list[tuple[int, str]] = []
     for step in reversed(self.all_steps()):
       restored, error = self._try_restore(state, step)
@@ -146,16 +148,28 @@ class Checkpointer:
       return None, error or 'it does not restore on another process'
     return restored, None
 
+  def _quarantine_unlisted(self) -> None:
+    """Moves aside step entries that Orbax cannot even list: a name that is a step number but
+    not a readable directory (a file, a dangling link, a link loop). Left in place, one would
+    block the save of its step at the end of the run that trains up to it again."""
+    if not self.directory.is_dir():
+      return
+    for entry in sorted(self.directory.iterdir(), key=lambda p: p.name):
+      if entry.name.isdigit() and not entry.is_dir():  # is_dir follows links: False for loops
+        why = ('a link that leads nowhere' if entry.is_symlink() else 'not a directory')
+        logging.warning('Checkpoint at step %s is unreadable (%s); moved it to %s', entry.name,
+                        why, self.quarantine(int(entry.name)))
+
   def quarantine(self, step: int) -> Optional[pathlib.Path]:
     """Moves checkpoint `step` to `<directory>/quarantine/<step>` (process 0 only; the others
     wait for it) and returns where it went."""
     source = self.directory / str(step)
     target = self.directory / QUARANTINE / str(step)
     for n in range(1, 1000):  # quarantined before: keep that copy too
-      if not target.exists():
+      if not os.path.lexists(target):
         break
       target = self.directory / QUARANTINE / f'{step}.{n}'
-    if jax.process_index() == 0 and source.exists():
+    if jax.process_index() == 0 and os.path.lexists(source):  # a link is moved, not followed
       target.parent.mkdir(exist_ok=True)
       os.replace(source, target)
     if jax.process_count() > 1:

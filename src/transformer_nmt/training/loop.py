@@ -82,6 +82,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     check_init_from(config)
   if workdir.exists() and not workdir.is_dir():
     raise DataError(f'--workdir={workdir} is a file, not a directory')
+  for place in (Workdir(workdir).checkpoints, Workdir(workdir).best):
+    if place.exists() and not place.is_dir():  # Orbax would train for nothing, then hang
+      raise DataError(f'{place} is a file, not a directory of checkpoints: move it away')
+  # Before the data are read: reading a demo corpus writes it into the workdir.
+  _check_model(config, workdir)
   if (config.data.source == 'tfds' and jax.process_count() > 1
       and not config.data.pack_length):
     raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
@@ -127,15 +132,37 @@ def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelC
   or other tokenizers."""
   wd = Workdir(workdir)
   wd.check_tokenizers(tokenizers)
-  model = dataclasses.asdict(model_cfg)
-  if wd.config.exists() and wd.checkpoints.exists():
-    old = model_as_trained(wd.read_config().get(RESOLVED_MODEL, {}))
-    diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
-    if diff:
-      values = ', '.join(f'{k} {old.get(k)!r} there, {model.get(k)!r} now' for k in diff)
-      raise ConfigError(f'{workdir} holds checkpoints of a different model ({values}); set '
-                        'model.* to match, or use a new --workdir')
+  _refuse_another_model(workdir, model_cfg)
   wd.write_config(config.to_dict(), model_cfg, tokenizers)
+
+
+def _check_model(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+  """`_refuse_another_model` before the tokenizers are known: the model section compared
+  with the vocabulary sizes the workdir was trained with (a changed vocabulary is the
+  tokenizer check's to refuse)."""
+  wd = Workdir(workdir)
+  if not (wd.config.exists() and wd.checkpoints.exists()):
+    return
+  old = wd.read_config().get(RESOLVED_MODEL, {})
+  if 'vocab_size' in old:
+    _refuse_another_model(workdir, model_config_from_dict(
+        config.model, vocab_size=old['vocab_size'],
+        src_vocab_size=old.get('src_vocab_size') or old['vocab_size']))
+
+
+def _refuse_another_model(workdir: pathlib.Path, model_cfg: ModelConfig) -> None:
+  """Raises ConfigError naming the differences when the workdir's checkpoints belong to a
+  model other than `model_cfg`."""
+  wd = Workdir(workdir)
+  if not (wd.config.exists() and wd.checkpoints.exists()):
+    return
+  model = dataclasses.asdict(model_cfg)
+  old = model_as_trained(wd.read_config().get(RESOLVED_MODEL, {}))
+  diff = sorted(k for k in set(old) | set(model) if old.get(k) != model.get(k))
+  if diff:
+    values = ', '.join(f'{k} {old.get(k)!r} there, {model.get(k)!r} now' for k in diff)
+    raise ConfigError(f'{workdir} holds checkpoints of a different model ({values}); set '
+                      'model.* to match, or use a new --workdir')
 
 
 class Progress:
