@@ -37,6 +37,7 @@ from transformer_nmt.training.init_from import (
   has_checkpoint,
   start_from,
 )
+from transformer_nmt.training.memory import check_batch_fits
 from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.profiling import Profile
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
@@ -87,6 +88,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
       raise DataError(f'{place} is a file, not a directory of checkpoints: move it away')
   # Before the data are read: reading a demo corpus writes it into the workdir.
   _check_model(config, workdir)
+  check_batch_fits(typed.data, jax.process_count())
   if (config.data.source == 'tfds' and jax.process_count() > 1
       and not config.data.pack_length):
     raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
