@@ -6,10 +6,17 @@ resumed, and compared with a run that was never interrupted.
 
 Prints, per round, the signal, the step it hit and how the process ended; then the rounds
 survived (every resume went on from a checkpoint), the checkpoints quarantined, and whether
-every logged training loss and the final parameters equal the uninterrupted run's.
+every logged training loss and the final parameters equal the uninterrupted run's. Every
+third round also appends a damaged line to metrics.jsonl (not UTF-8, not an object, or no
+step) before the resume, which must skip it.
+
+Then the one-shot cases, each checked for its expected outcome and for a traceback:
+checkpoints that are a file (refused at once), two `decode.py --resume` on one output at once
+(one refused, the other's output whole), and an export onto a full disk (a 64 KB tmpfs, when
+this process may mount one: one line, nothing left there, and a rerun elsewhere works).
 """
 
-import json
+import os
 import pathlib
 import random
 import shlex
@@ -71,9 +78,80 @@ def interrupt(workdir: pathlib.Path, rng: random.Random) -> dict:
 
 
 def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
+  from transformer_nmt.metrics import read_metrics
   from transformer_nmt.workdir import Workdir
-  rows = [json.loads(line) for line in Workdir(workdir).metrics.read_text().splitlines()]
-  return [(r['step'], r['train_loss']) for r in rows if 'train_loss' in r]
+  return [(r['step'], r['train_loss']) for r in read_metrics(Workdir(workdir).metrics)
+          if 'train_loss' in r]
+
+
+DAMAGED_LINES = (b'\xff\xfe not utf-8\n', b'null\n', b'{"loss": 1.0}\n')
+
+
+def damage_metrics(workdir: pathlib.Path, rng: random.Random) -> None:
+  from transformer_nmt.workdir import Workdir
+  with open(Workdir(workdir).metrics, 'ab') as f:
+    f.write(rng.choice(DAMAGED_LINES))
+
+
+def run(args: list[str], **kw) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=600, **kw)
+
+
+def one_line_failure(result: subprocess.CompletedProcess, message: str) -> bool:
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+  return (result.returncode == 2 and 'Traceback' not in result.stderr and len(errors) == 1
+          and message in errors[0])
+
+
+def checkpoints_file(tmp: pathlib.Path, _: pathlib.Path) -> str:
+  workdir = tmp / 'checkpoints_file'
+  workdir.mkdir()
+  (workdir / 'checkpoints').write_text('a file')
+  t0 = time.time()
+  result = run(['train.py', *FLAGS, '--workdir', str(workdir)])
+  ok = one_line_failure(result, 'is a file, not a directory') and time.time() - t0 < 60
+  return f"{'refused' if ok else 'NOT refused'} in {time.time() - t0:.1f} s"
+
+
+def concurrent_resume(tmp: pathlib.Path, trained: pathlib.Path) -> str:
+  source, output = tmp / 'source.txt', tmp / 'resumed.txt'
+  source.write_text(''.join(f'the house number {n} is red\n' for n in range(400)))
+  args = [sys.executable, 'decode.py', '--workdir', str(trained), '--input', str(source),
+          '--output', str(output), '--resume', '--buffer_lines', '20']
+  first = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  time.sleep(8)  # the first holds the output by now
+  second = run(args[1:])
+  first_err = first.communicate(timeout=600)[1]
+  lines = len(output.read_text().splitlines()) if output.exists() else 0
+  ok = (first.returncode == 0 and 'Traceback' not in first_err and lines == 400
+        and second.returncode == 2 and 'Traceback' not in second.stderr)
+  return (f"{'as expected' if ok else 'NOT as expected'}: first rc {first.returncode} with "
+          f'{lines}/400 lines, second rc {second.returncode}')
+
+
+def export_full_disk(tmp: pathlib.Path, trained: pathlib.Path) -> str:
+  disk = tmp / 'full_disk'
+  disk.mkdir()
+  if os.geteuid() != 0 or subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs',
+                                          str(disk)], capture_output=True).returncode:
+    return 'not run (mounting a tmpfs needs root)'
+  try:
+    full = run(['export_ctranslate2.py', '--workdir', str(trained), '--out',
+                str(disk / 'model')])
+    left = sorted(p.name for p in disk.iterdir())
+  finally:
+    subprocess.run(['umount', str(disk)], check=False)
+  again = run(['export_ctranslate2.py', '--workdir', str(trained), '--out', str(tmp / 'model')])
+  ok = (one_line_failure(full, 'no space left') and 'resume' not in full.stderr and not left
+        and again.returncode == 0 and (tmp / 'model' / 'model.bin').exists())
+  return (f"{'as expected' if ok else 'NOT as expected'}: rc {full.returncode}, left on the "
+          f'disk {left or "nothing"}, rerun elsewhere rc {again.returncode}')
+
+
+ONE_SHOT = {'checkpoints that are a file': checkpoints_file,
+            'two decode.py --resume on one output': concurrent_resume,
+            'export onto a full disk': export_full_disk}
 
 
 def final_params(workdir: pathlib.Path):
@@ -94,6 +172,9 @@ def main(argv):
     rounds = []
     for i in range(_ROUNDS.value):
       rounds.append(interrupt(faulted, rng))
+      if i % 3 == 2 and faulted.exists():
+        damage_metrics(faulted, rng)
+        rounds[-1]['metrics_damaged'] = True
       print(f'round {i + 1}: {rounds[-1]}', flush=True)
       if rounds[-1]['finished']:
         break
@@ -112,6 +193,7 @@ def main(argv):
     survived = sum(1 for i, r in enumerate(rounds)
                    if not r['traceback'] and (i == 0 or r['resumed'])
                    and (r['code'] == expected_code[r['signal']] or r['finished']))
+    one_shot = {name: case(pathlib.Path(tmp), reference) for name, case in ONE_SHOT.items()}
   counts = {name: sum(r['signal'] == name for r in rounds) for name in SIGNALS}
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/faults.py "
           f"{shlex.join(sys.argv[1:])}`\n\n"
@@ -122,7 +204,10 @@ def main(argv):
           f"checkpoints quarantined; {len(logged)} logged training losses (steps redone after "
           f"a SIGKILL logged again) {'all equal' if equal_losses else 'NOT all equal'} to the "
           f"uninterrupted run's; final parameters "
-          f"{'identical' if all(jax.tree_util.tree_leaves(same)) else 'DIFFERENT'}.\n")
+          f"{'identical' if all(jax.tree_util.tree_leaves(same)) else 'DIFFERENT'}; "
+          f"{sum(r.get('metrics_damaged', False) for r in rounds)} damaged metrics lines "
+          'skipped by the resumes.\n\n' + ''.join(f'- {name}: {outcome}\n'
+                                                 for name, outcome in one_shot.items()))
   print(text)
   if _MARKDOWN.value:
     from bench_markdown import write_section
