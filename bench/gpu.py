@@ -164,6 +164,9 @@ def train_speed(run: Run) -> None:
 def recipe_args(seed: int, workdir: pathlib.Path) -> list[str]:
   args = [sys.executable, 'train.py', '--config', 'configs/multi30k_1h.py:en-de', '--workdir',
           str(workdir), f'--config.train.seed={seed}', '--config.train.checkpoint_every=1000000']
+  first = workdir.parent / 'seed0' / 'spm.model'
+  if seed and first.exists():  # the same SentencePiece model, not trained again
+    args.append(f'--config.data.spm_model={first}')
   if _SMOKE.value:
     args += ['--config.train.num_steps=20', '--config.train.eval_every=10',
              '--config.train.warmup_steps=10', '--config.model.num_layers=1',
