@@ -64,6 +64,9 @@ def test_host_shares_stacked_are_the_global_batch(pack_length):
       host=host)
   whole = batches((0, 1))
   reference = [next(whole) for _ in range(40)]  # several epochs
+  if pack_length:  # the first batch: the first 16 rows that pack_rows makes of epoch 0
+    rows = data_lib.pack_rows(data, np.random.default_rng([5, 0]).permutation(len(data)), 64)
+    _equal(reference[0], _reference_packed(data, rows[:16], 16, 64))
   for count in (2, 4, 8):
     shares = [batches((i, count)) for i in range(count)]
     for k, expected in enumerate(reference):

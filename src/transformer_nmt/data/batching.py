@@ -265,20 +265,29 @@ def pack_rows(data: ParallelData, order: Sequence[int], length: int) -> list[lis
   A row takes the next example while both its source and its target still fit; examples
   longer than `length` are not packed (raise the length or lower data.max_len).
   """
-  src_lengths, tgt_lengths = data.src.lengths.tolist(), data.tgt.lengths.tolist()
-  rows, current, used_src, used_tgt = [], [], 0, 0
-  for i in order:
-    s, t = src_lengths[i], tgt_lengths[i]
-    if s > length or t > length:
-      raise ValueError(f'example {i} ({s}/{t} tokens) is longer than the packing length {length}')
-    if current and (used_src + s > length or used_tgt + t > length):
-      rows.append(current)
-      current, used_src, used_tgt = [], 0, 0
-    current.append(i)
-    used_src, used_tgt = used_src + s, used_tgt + t
-  if current:
-    rows.append(current)
-  return rows
+  order = np.asarray(order, np.int64)
+  starts = pack_starts(data, order, length)
+  return [order[a:b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+
+
+def pack_starts(data: ParallelData, order: np.ndarray, length: int) -> np.ndarray:
+  """`pack_rows` as [R + 1] positions in `order`: row r holds order[starts[r]:starts[r + 1]]."""
+  src_lengths, tgt_lengths = data.src.lengths[order], data.tgt.lengths[order]
+  over = np.flatnonzero((src_lengths > length) | (tgt_lengths > length))
+  if len(over):
+    k = over[0]
+    raise ValueError(f'example {order[k]} ({src_lengths[k]}/{tgt_lengths[k]} tokens) is longer '
+                     f'than the packing length {length}')
+  # The greedy scan without a Python step per pair (an epoch of 4.5M pairs took 3.8 s):
+  # ends[a] is where a row starting at pair a must end (the first pair that no longer fits
+  # on either side), and the rows are the chain 0 -> ends[0] -> ..., one step per row.
+  sums = [np.concatenate([[0], np.cumsum(n)]) for n in (src_lengths, tgt_lengths)]
+  ends = np.minimum(*[np.searchsorted(c, c[:-1] + length, 'right') - 1 for c in sums]).tolist()
+  starts, a = [], 0
+  while a < len(order):
+    starts.append(a)
+    a = ends[a]
+  return np.array(starts + [len(order)], np.int64)
 
 
 def collate_packed(data: ParallelData, rows: Sequence[Sequence[int]], num_rows: int,
@@ -287,6 +296,12 @@ def collate_packed(data: ParallelData, rows: Sequence[Sequence[int]], num_rows: 
   segment ids 1, 2, ... and positions restarting at 0 for each (empty rows are padding)."""
   counts = np.fromiter(map(len, rows), np.int64, len(rows))
   examples = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(counts.sum()))
+  return _collate_counts(data, examples, counts, num_rows, length)
+
+
+def _collate_counts(data: ParallelData, examples: np.ndarray, counts: np.ndarray, num_rows: int,
+                    length: int) -> Batch:
+  """`collate_packed` of rows given as examples [E] and each row's count of them [R]."""
   row_of, rank = token_positions(counts)  # each example's row, and its place in that row
   return _collate(data, examples, row_of, rank + 1, num_rows, length)
 
@@ -322,11 +337,27 @@ def _collate(data: ParallelData, examples: np.ndarray, row_of: np.ndarray, segme
   return batch
 
 
+@dataclasses.dataclass(frozen=True)
+class _PackedBatch:
+  """Packed rows of one global batch: row r holds order[starts[r]:starts[r + 1]]."""
+
+  order: np.ndarray  # [N] the epoch's order of every pair
+  starts: np.ndarray  # [rows + 1]
+
+  def share(self, first: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(examples [E], count per row) of rows first .. first + rows - 1 (fewer at the end)."""
+    bounds = self.starts[first:first + rows + 1]
+    if len(bounds) < 2:
+      return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return self.order[bounds[0]:bounds[-1]], np.diff(bounds)
+
+
 def _packed_epoch(data: ParallelData, seed: int, epoch: int, length: int,
-                  rows_per_batch: int) -> list[list[list[int]]]:
+                  rows_per_batch: int) -> list[_PackedBatch]:
   order = np.random.default_rng([seed, epoch]).permutation(len(data))
-  rows = pack_rows(data, order, length)
-  return [rows[i:i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)]
+  starts = pack_starts(data, order, length)
+  return [_PackedBatch(order, starts[i:i + rows_per_batch + 1])
+          for i in range(0, len(starts) - 1, rows_per_batch)]
 
 
 def train_batches(data: ParallelData, tokens_per_batch: int, seed: int, start_step: int = 0,
@@ -362,7 +393,7 @@ def train_batches(data: ParallelData, tokens_per_batch: int, seed: int, start_st
   def make(d: ParallelData, item: Any) -> Batch:
     if pack_length:
       share = rows // count
-      return collate_packed(d, item[index * share:(index + 1) * share], share, pack_length)
+      return _collate_counts(d, *item.share(index * share, share), share, pack_length)
     share = item.rows // count
     return collate(d, BatchPlan(item.examples[index * share:(index + 1) * share], share,
                                 item.length))
