@@ -477,6 +477,9 @@ def _check_modes() -> None:
   from transformer_nmt.errors import DataError
   if _N_BEST.value < 1:
     raise DataError(f'--n_best={_N_BEST.value} must be at least 1')
+  for flag in (_AVERAGE, _PLOT_COUNT):
+    if flag.value < 0:
+      raise DataError(f'--{flag.name}={flag.value} must be 0 or positive')
   if _N_BEST.value > 1 and _FORMAT.value != 'jsonl':
     raise DataError(f'--n_best={_N_BEST.value} needs --format jsonl (text is one line per input)')
   if _PRECOMPILE.value and (not _PROGRAMS.value or _OUTPUT.value != '-' or _RESUME.value

@@ -153,3 +153,24 @@ def test_model_options_added_later_say_what_older_workdirs_trained_with():
       'residual_dropout', 'share_embeddings', 'src_vocab_size', 'tie_output', 'vocab_size'}
   defaults = ModelConfig()
   assert all(hasattr(defaults, name) for name in _MODEL_BEFORE_OPTION)
+
+
+@pytest.mark.parametrize('option, value, message', [
+    ('alpha', float('nan'), 'decode.alpha=nan must be a finite number, 0 or more'),
+    ('alpha', float('inf'), 'decode.alpha=inf must be a finite number'),
+    ('alpha', -0.5, 'decode.alpha=-0.5 must be a finite number, 0 or more'),
+    ('temperature', float('nan'), 'decode.temperature=nan must be a finite number'),
+    ('temperature', float('inf'), 'decode.temperature=inf must be a finite number'),
+    ('beam_size', -4, 'decode.beam_size=-4 must be positive'),
+    ('max_extra_len', -1, r'decode.max_extra_len=-1 must be 0 \(off\) or positive'),
+    ('top_k', -1, r'decode.top_k=-1 must be 0 \(off\) or positive'),
+    ('no_repeat_ngram', -2, r'decode.no_repeat_ngram=-2 must be 0 \(off\) or positive'),
+    ('seed', 2 ** 40, r'decode.seed=1099511627776 must be below 2\*\*31'),
+    ('beam_size', 2 ** 31, r'decode.beam_size=2147483648 must be below 2\*\*31'),
+])
+def test_every_numeric_decoding_option_is_checked(option, value, message):
+  """NaN slips past every comparison and inf past every upper bound: both ran every line to
+  its length limit and exited 0 (issue 52 #12)."""
+  import dataclasses
+  with pytest.raises(ConfigError, match=message):
+    dataclasses.replace(DECODE, **{option: value}).validate()

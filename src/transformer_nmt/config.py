@@ -110,6 +110,10 @@ def _check(ok: bool, message: str) -> None:
     raise ConfigError(message)
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _positive(section: str, obj: Any, *names: str) -> None:
   for name in names:
     value = getattr(obj, name)
@@ -331,18 +335,27 @@ class DecodeConfig:
   mbr: str = 'off'
 
   def validate(self) -> DecodeConfig:
+    """Raises ConfigError naming the first option out of range (flags and config.json alike:
+    a NaN, an infinity or a negative count would otherwise run every line to its length limit
+    and still exit 0)."""
+    _check(0 <= self.alpha < math.inf,  # NaN fails every comparison
+           f'decode.alpha={self.alpha} must be a finite number, 0 or more')
+    _check(0 <= self.temperature < math.inf,
+           f'decode.temperature={self.temperature} must be a finite number, 0 (search) or more')
     _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
     _check(1 < self.length_growth < math.inf,
            f'decode.length_growth={self.length_growth} must be a number above 1')
     _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
            'least 2 (a token and EOS)')
-    _check(self.max_extra_len >= 0 and self.top_k >= 0 and self.temperature >= 0,
-           'decode.max_extra_len, decode.top_k and decode.temperature must not be negative')
+    for name in ('max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):
+      value = getattr(self, name)
+      _check(value >= 0, f'decode.{name}={value} must be 0 (off) or positive')
+    for field in dataclasses.fields(self):  # the programs take them as 32-bit integers
+      value = getattr(self, field.name)
+      _check(not _is_int(value) or abs(value) < 2 ** 31,
+             f'decode.{field.name}={value} must be below 2**31')
     _check(self.beam_stop in BEAM_STOPS,
            f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
-    _check(min(self.min_len, self.max_len, self.no_repeat_ngram) >= 0,
-           'decode.min_len, decode.max_len and decode.no_repeat_ngram must be 0 (off) or '
-           'positive')
     _check(not self.max_len or self.min_len <= self.max_len,
            f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
     _check(self.mbr in ('off',) + MBR_UTILITIES,
