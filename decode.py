@@ -304,17 +304,35 @@ def _header(model: Any, decode: DecodeConfig) -> str:
 
 
 def run() -> None:
-  import dataclasses
-
   _limit_heaps()  # before any thread allocates: a thread keeps the heap it first takes
-  from transformer_nmt.decoding import ensemble
-  from transformer_nmt.decoding.translator import Translator, load_ensemble
-  from transformer_nmt.errors import DataError
-  from transformer_nmt.workdir import Workdir
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
                                 '--score_reference': _SCORE_REFERENCE.value,
                                 '--prefix': _PREFIX.value})
   _check_modes()
+  with _held_output():
+    _translate()
+
+
+@contextlib.contextmanager
+def _held_output() -> Iterator[None]:
+  """--output (and OUTPUT.partial) held by this run, so that a second decode.py writing it
+  is refused (outputs.hold); nothing for stdout."""
+  if _OUTPUT.value == '-':
+    yield
+    return
+  from transformer_nmt import outputs
+  with outputs.hold(_OUTPUT.value):
+    yield
+
+
+def _translate() -> None:
+  """What `run` does once the flags and the output are checked and the output is held."""
+  import dataclasses
+
+  from transformer_nmt.decoding import ensemble
+  from transformer_nmt.decoding.translator import Translator, load_ensemble
+  from transformer_nmt.errors import DataError
+  from transformer_nmt.workdir import Workdir
   whole, beside = _read_whole()
   refs = beside.get('reference', beside.get('score_reference'))
   if _BUFFER.value < 0:

@@ -1,0 +1,50 @@
+"""decode.py's output file (outputs.py): one writer at a time, --resume only from a partial
+that is this run's, no temporary files left for ever, a closed pipe, a workdir's own files."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+FLAGS = ['--beam_size', '1', '--max_extra_len', '5']
+
+
+def run_decode(*flags: str, stdin: str = '') -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'decode.py', *flags], cwd=ROOT, input=stdin,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _clean_failure(result: subprocess.CompletedProcess, message: str) -> None:
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert message in result.stderr.splitlines()[-1], result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+
+
+def _start(*flags: str) -> subprocess.Popen:
+  """decode.py reading a pipe left open, returned once it has loaded the model (and so holds
+  its output, and with --resume has opened OUTPUT.partial)."""
+  proc = subprocess.Popen([sys.executable, 'decode.py', *flags], cwd=ROOT, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  for line in proc.stderr:
+    if 'checkpoint step(s)' in line:
+      return proc
+  raise AssertionError(f'decode.py ended with {proc.wait()} before loading the model')
+
+
+@pytest.mark.parametrize('resume', [True, False])
+def test_a_second_decode_writing_the_same_output_is_refused(tiny_workdir, tmp_path, resume):
+  out = tmp_path / 'out.de'
+  again = ['--resume'] if resume else []
+  first = _start('--workdir', str(tiny_workdir), *FLAGS, *again, '--output', str(out))
+  try:
+    second = run_decode('--workdir', str(tiny_workdir), *FLAGS, *again, '--output', str(out),
+                        stdin='a house\n')
+    _clean_failure(second, f'--output={out} is being written by another process '
+                           f'(PID {first.pid})')
+    assert not out.exists()
+  finally:
+    first.stdin.close()  # no lines: the first run ends with an empty output
+    first.wait(timeout=120)
+  assert first.returncode == 0 and out.read_text() == ''
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['out.de']  # no lock or partial left
