@@ -316,12 +316,18 @@ def run() -> None:
 @contextlib.contextmanager
 def _held_output() -> Iterator[None]:
   """--output (and OUTPUT.partial) held by this run, so that a second decode.py writing it
-  is refused (outputs.hold); nothing for stdout."""
+  is refused (outputs.hold), with the temporary files that killed runs left beside it
+  removed; nothing for stdout."""
   if _OUTPUT.value == '-':
     yield
     return
   from transformer_nmt import outputs
+  from transformer_nmt.files import remove_stale_temporaries
   with outputs.hold(_OUTPUT.value):
+    removed = remove_stale_temporaries(_OUTPUT.value)
+    if removed:
+      print(f'removed {len(removed)} temporary file(s) that an interrupted run left beside '
+            f'{_OUTPUT.value}', file=sys.stderr)
     yield
 
 

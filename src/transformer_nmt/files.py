@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pathlib
+import re
 import stat
 import tempfile
 from typing import IO, Iterator
@@ -20,6 +22,9 @@ def atomic_output(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]
   """
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
+  # Held while it is written (the kernel drops it when the process ends, kill -9 included):
+  # remove_stale_temporaries tells a live writer's file from one a killed process left.
+  fcntl.flock(fd, fcntl.LOCK_EX)
   try:
     with os.fdopen(fd, 'wb' if binary else 'w', **({} if binary else
                                                    {'encoding': 'utf-8', 'newline': '\n'})) as f:
@@ -62,3 +67,25 @@ def write_atomically(path: str | os.PathLike, content: str | bytes) -> None:
   """`path` holds `content` (text as UTF-8), or, if writing fails, what it held before."""
   with atomic_output(path, binary=isinstance(content, bytes)) as f:
     f.write(content)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[pathlib.Path]:
+  """Removes the temporary files that `atomic_output` left beside `path` when its process was
+  killed before it could remove them (kill -9, a power cut): hidden files named as it names
+  them (.NAME.XXXXXXXX.tmp) that no live process holds. Returns the paths removed."""
+  path = pathlib.Path(path)
+  own = re.compile(rf'\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp')  # mkstemp's names
+  removed = []
+  try:
+    entries = [e for e in path.parent.iterdir() if own.fullmatch(e.name)]
+  except OSError:
+    return removed
+  for entry in entries:
+    try:
+      with open(entry, 'rb') as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a writer is still at work
+        entry.unlink()
+      removed.append(entry)
+    except OSError:  # BlockingIOError included: in use, gone already, or not ours to remove
+      continue
+  return removed

@@ -1,6 +1,7 @@
 """decode.py's output file (outputs.py): one writer at a time, --resume only from a partial
 that is this run's, no temporary files left for ever, a closed pipe, a workdir's own files."""
 
+import fcntl
 import subprocess
 import sys
 
@@ -48,3 +49,21 @@ def test_a_second_decode_writing_the_same_output_is_refused(tiny_workdir, tmp_pa
     first.wait(timeout=120)
   assert first.returncode == 0 and out.read_text() == ''
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out.de']  # no lock or partial left
+
+
+def test_temporary_files_of_killed_runs_are_removed(tiny_workdir, tmp_path):
+  out = tmp_path / 'out.de'
+  stale = tmp_path / '.out.de.k1ll3d_x.tmp'  # as atomic_output names them
+  stale.write_text('half of a killed run\n')
+  live = tmp_path / '.out.de.w0rk1ng_.tmp'  # one that a live process still writes
+  live.write_text('still being written\n')
+  other = tmp_path / '.out.de.notours.tmp'  # another program's naming
+  other.write_text('not ours\n')
+  with open(live, 'rb') as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    result = run_decode('--workdir', str(tiny_workdir), *FLAGS, '--output', str(out),
+                        stdin='a house\n')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'removed 1 temporary file(s) that an interrupted run left' in result.stderr
+  assert not stale.exists() and live.exists() and other.exists()
+  assert out.read_text().count('\n') == 1
