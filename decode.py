@@ -168,15 +168,21 @@ def _read(path: str) -> list[str]:
   return data_lib.read_lines(path)
 
 
-def _check_output(path: str, sources: dict[str, str]) -> None:
-  """Before any work: the output can be written, and is none of the files read."""
+def _check_output(path: str, sources: dict[str, str], workdirs: list[str]) -> None:
+  """Before any work: the output can be written, and is none of the files read nor any
+  file of the workdirs used (their tokenizer, config, checkpoints, ...)."""
   if path == '-':
     return
   import os
   import pathlib
 
   from transformer_nmt.errors import DataError
+  from transformer_nmt.workdir import Workdir
   out = pathlib.Path(path).absolute()
+  for workdir in workdirs:
+    if Workdir(workdir).owns(out):
+      raise DataError(f'--output={path} is a file of the workdir {workdir}: writing it would '
+                      'damage the run; choose a path outside the workdir\'s own files')
   if out.is_dir():
     raise DataError(f'--output={path} is a directory')
   if out.exists() and not out.is_file():  # a device or pipe: replacing it would be wrong
@@ -307,7 +313,7 @@ def run() -> None:
   _limit_heaps()  # before any thread allocates: a thread keeps the heap it first takes
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
                                 '--score_reference': _SCORE_REFERENCE.value,
-                                '--prefix': _PREFIX.value})
+                                '--prefix': _PREFIX.value}, _WORKDIR.value)
   _check_modes()
   with _held_output():
     _translate()

@@ -144,6 +144,27 @@ class Workdir:
     finally:
       handle.close()  # closing releases the lock
 
+  def own_paths(self) -> list[pathlib.Path]:
+    """Every file and directory of the layout above (whether it exists yet or not)."""
+    return [self.config, self.root / 'lock', *self.tokenizer_paths(True),
+            *self.tokenizer_paths(False), self.checkpoints, self.best, self.metrics,
+            self.tensorboard, self.profile, self.compile_cache, self.programs, self.demo_data,
+            self.data_cache, self.recipe, self.plots]
+
+  def owns(self, path: str | os.PathLike) -> bool:
+    """Whether `path` is one of this workdir's files or lies in one of its directories
+    (symbolic and hard links followed): a program's output there would damage the run
+    (decode.py --output WORKDIR/spm.model destroyed the tokenizer)."""
+    target = pathlib.Path(path).resolve()
+    for own in self.own_paths():
+      own = own.resolve()
+      if target == own or own in target.parents:
+        return True
+      with contextlib.suppress(OSError):  # another name of the same file
+        if own.is_file() and target.is_file() and os.path.samefile(own, target):
+          return True
+    return False
+
   def checkpoint_dir(self, best: bool = False) -> pathlib.Path:
     return self.best if best else self.checkpoints
 

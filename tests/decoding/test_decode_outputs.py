@@ -2,6 +2,7 @@
 that is this run's, no temporary files left for ever, a closed pipe, a workdir's own files."""
 
 import fcntl
+import shutil
 import subprocess
 import sys
 
@@ -49,6 +50,20 @@ def test_a_second_decode_writing_the_same_output_is_refused(tiny_workdir, tmp_pa
     first.wait(timeout=120)
   assert first.returncode == 0 and out.read_text() == ''
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out.de']  # no lock or partial left
+
+
+def test_an_output_among_the_workdirs_files_is_refused(tiny_workdir, tmp_path):
+  work = tmp_path / 'run'
+  work.mkdir()
+  for entry in tiny_workdir.iterdir():
+    if entry.name in ('config.json', 'checkpoints'):
+      (work / entry.name).symlink_to(entry)
+  shutil.copy(tiny_workdir / 'spm.model', work / 'spm.model')
+  tokenizer = (work / 'spm.model').read_bytes()
+  for target in ('spm.model', 'metrics.jsonl', 'checkpoints/20/x', 'programs/x'):
+    _clean_failure(run_decode('--workdir', str(work), '--output', str(work / target),
+                              stdin='a house\n'), 'is a file of the workdir')
+  assert (work / 'spm.model').read_bytes() == tokenizer
 
 
 def test_temporary_files_of_killed_runs_are_removed(tiny_workdir, tmp_path):
