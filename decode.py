@@ -311,12 +311,25 @@ def _header(model: Any, decode: DecodeConfig) -> str:
 
 def run() -> None:
   _limit_heaps()  # before any thread allocates: a thread keeps the heap it first takes
+  _check_streams()
   _check_output(_OUTPUT.value, {'--input': _INPUT.value, '--reference': _REFERENCE.value,
                                 '--score_reference': _SCORE_REFERENCE.value,
                                 '--prefix': _PREFIX.value}, _WORKDIR.value)
   _check_modes()
   with _held_output():
     _translate()
+
+
+def _check_streams() -> None:
+  """A closed stdin or stdout (`<&-`, `>&-`: Python then has None for them) that this run
+  would read or write is refused before any work, not met after it."""
+  from transformer_nmt.errors import DataError
+  if sys.stdin is None and _INPUT.value == '-':
+    raise DataError('--input=- reads stdin, which is closed; give --input FILE')
+  if sys.stdout is None and _OUTPUT.value == '-' and not _PRECOMPILE.value:
+    raise DataError('--output=- writes to stdout, which is closed; give --output FILE')
+  if sys.stdout is None and _REFERENCE.value:
+    raise DataError('--reference prints its scores on stdout, which is closed')
 
 
 @contextlib.contextmanager

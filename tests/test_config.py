@@ -174,3 +174,29 @@ def test_every_numeric_decoding_option_is_checked(option, value, message):
   import dataclasses
   with pytest.raises(ConfigError, match=message):
     dataclasses.replace(DECODE, **{option: value}).validate()
+
+
+@pytest.mark.parametrize('sizes', [(-1, 5, 5), (0, 5, 5), (10, 5), (10, 5, 5.5)])
+def test_demo_sizes_are_three_counts(sizes):
+  c = _base()
+  c.data.demo_sizes = sizes
+  with pytest.raises(ConfigError, match='data.demo_sizes=.* must be three counts of demo pairs'):
+    validate_config(c)
+
+
+def test_a_stored_model_config_is_checked_value_by_value():
+  """config.json's resolved model, edited by hand: a string for a number used to fail deep in
+  a program with a TypeError (issue 52 #11)."""
+  import dataclasses
+
+  from transformer_nmt.config import ModelConfig, model_config_as_trained
+  stored = dataclasses.asdict(ModelConfig(vocab_size=100, num_heads=4, d_model=32, d_ff=64))
+  assert model_config_as_trained(stored).num_heads == 4
+  with pytest.raises(ConfigError, match="model.num_heads='4' should be of type int"):
+    model_config_as_trained({**stored, 'num_heads': '4'})
+  with pytest.raises(ConfigError, match='is not divisible by model.num_heads=3'):
+    model_config_as_trained({**stored, 'num_heads': 3})
+  with pytest.raises(ConfigError, match=r"unknown model option\(s\) \['heads'\]"):
+    model_config_as_trained({**stored, 'heads': 4})
+  with pytest.raises(ConfigError, match='not a mapping of model options'):
+    model_config_as_trained([1, 2])

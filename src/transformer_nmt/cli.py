@@ -1,5 +1,6 @@
 """What the command-line programs share: quiet library logging and one-line errors."""
 
+import contextlib
 import errno
 import logging
 import os
@@ -164,12 +165,25 @@ def main_running(run: Callable[[], None], resumes: bool = False
       fail(str(e))
     except KeyboardInterrupt:
       raise SystemExit(130) from None
+    except BrokenPipeError:  # the reader went away (`decode.py ... | head -n 3`): not an error
+      _quiet_exit_on_closed_pipe()
     except Exception as e:  # noqa: BLE001 -- the file system's refusals are the user's to fix
       message = file_system_error(e, resumes)
       if message is None:
         raise
       fail(message)
   return main
+
+
+CLOSED_PIPE_EXIT = 141  # what a shell reports for a program that SIGPIPE ended (128 + 13)
+
+
+def _quiet_exit_on_closed_pipe() -> NoReturn:
+  """Exits without a word, as a program that SIGPIPE ended would, with stdout pointed at
+  /dev/null first: Python's last flush of it would fail again and print a traceback."""
+  with contextlib.suppress(OSError, AttributeError, ValueError):
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+  raise SystemExit(CLOSED_PIPE_EXIT)
 
 
 def file_system_error(error: BaseException, resumes: bool = False) -> Optional[str]:

@@ -191,6 +191,9 @@ class DataConfig:
            '(0 = no subword sampling)')
     _check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '
            'be -1 (all segmentations) or positive')
+    _check(len(self.demo_sizes) == 3 and all(_is_int(n) and n >= 0 for n in self.demo_sizes)
+           and self.demo_sizes[0] > 0, f'data.demo_sizes={self.demo_sizes} must be three '
+           'counts of demo pairs (train, valid, test): train at least 1, the others 0 or more')
     _check(not self.pack_length or self.pack_length >= self.max_len,
            f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
            f'data.max_len={self.max_len}, so that every pair fits in a row')
@@ -446,6 +449,21 @@ def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:
   """A workdir's stored ModelConfig fields (config.json's resolved model) with the options
   added since it was written at the values it trained with."""
   return {**_MODEL_BEFORE_OPTION, **resolved}
+
+
+def model_config_as_trained(resolved: Any) -> ModelConfig:
+  """The ModelConfig of a workdir's config.json (its resolved model, `model_as_trained`),
+  each value's type and range checked: a hand-edited or damaged file is refused here in one
+  line (ConfigError naming the option), not by a TypeError deep inside a program."""
+  _check(isinstance(resolved, Mapping), f'not a mapping of model options: {resolved!r}')
+  values = model_as_trained(resolved)
+  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(values) - set(defaults))
+  _check(not unknown, f'unknown model option(s) {unknown}')
+  for key, value in values.items():
+    _check(_same_kind(defaults[key], value),
+           f'model.{key}={value!r} should be of type {type(defaults[key]).__name__}')
+  return ModelConfig(**values).validate()
 
 
 def migrate(config: Mapping[str, Any]) -> dict[str, Any]:

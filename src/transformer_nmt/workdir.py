@@ -31,8 +31,14 @@ import os
 import pathlib
 from typing import Any, Iterator, Optional
 
-from transformer_nmt.config import ModelConfig, Sections, migrate, model_as_trained, sections
-from transformer_nmt.errors import DataError
+from transformer_nmt.config import (
+  ModelConfig,
+  Sections,
+  migrate,
+  model_config_as_trained,
+  sections,
+)
+from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.files import write_atomically
 
 RESOLVED_MODEL = 'resolved_model'  # config.json's entry for the ModelConfig as trained
@@ -197,13 +203,16 @@ class Workdir:
     stored = self.read_config()
     for entry in (RESOLVED_MODEL, TOKENIZERS):  # the program's entries, not config sections
       stored.pop(entry, None)
-    return sections(migrate(stored))
+    try:
+      return sections(migrate(stored))
+    except ConfigError as e:  # a hand-edited file: name it
+      raise DataError(f'{self.config}: {e}') from None
 
   def read_model_config(self) -> ModelConfig:
     """The model as trained (vocabulary sizes included)."""
     try:
-      return ModelConfig(**model_as_trained(self.read_config()[RESOLVED_MODEL]))
-    except (KeyError, TypeError) as e:
+      return model_config_as_trained(self.read_config()[RESOLVED_MODEL])
+    except (KeyError, ConfigError) as e:
       raise DataError(f'{self.config} has no usable {RESOLVED_MODEL!r} entry ({e})') from None
 
   def trained_tokenizers(self) -> dict[str, str]:

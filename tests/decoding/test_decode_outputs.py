@@ -82,3 +82,20 @@ def test_temporary_files_of_killed_runs_are_removed(tiny_workdir, tmp_path):
   assert 'removed 1 temporary file(s) that an interrupted run left' in result.stderr
   assert not stale.exists() and live.exists() and other.exists()
   assert out.read_text().count('\n') == 1
+
+
+def test_a_reader_that_goes_away_ends_decoding_quietly(tiny_workdir, lines):
+  """`decode.py ... | head -n 1`: the next write finds the pipe closed; the run ends at once
+  without a traceback, as a program that SIGPIPE ends would (status 141)."""
+  proc = subprocess.Popen([sys.executable, 'decode.py', '--workdir', str(tiny_workdir), *FLAGS,
+                           '--buffer_lines', '1'], cwd=ROOT, text=True, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdin.write(lines[0] + '\n')
+  proc.stdin.flush()
+  proc.stdout.readline()  # the first translation
+  proc.stdout.close()  # head has what it wanted
+  proc.stdin.write(''.join(line + '\n' for line in lines[1:4]))
+  proc.stdin.close()
+  stderr = proc.stderr.read()
+  assert proc.wait(timeout=120) == 141, stderr[-2000:]
+  assert 'Traceback' not in stderr and 'error:' not in stderr, stderr[-2000:]
