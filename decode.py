@@ -27,7 +27,7 @@ from typing import IO, Any, Iterator, Optional
 
 from absl import app, flags
 
-from transformer_nmt.cli import CompileCounter, main_running, use_compile_cache
+from transformer_nmt.cli import CompileCounter, flag_parser, main_running, use_compile_cache
 from transformer_nmt.config import (
   BEAM_STOPS,
   DECODE,
@@ -572,4 +572,4 @@ def _score(hyps: list[str], refs: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main_running(run))
+  app.run(main_running(run), flags_parser=flag_parser)

@@ -10,7 +10,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_nmt.cli import fail, main_running
+from transformer_nmt.cli import fail, flag_parser, main_running
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
@@ -41,4 +41,4 @@ def run() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main_running(run))
+  app.run(main_running(run), flags_parser=flag_parser)

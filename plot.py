@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_nmt.cli import main_running
+from transformer_nmt.cli import flag_parser, main_running
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _OUT = flags.DEFINE_string('out_dir', None, 'Where the PNGs go (default: WORKDIR/plots).')
@@ -47,4 +47,4 @@ def run() -> None:
 
 
 if __name__ == '__main__':
-  app.run(main_running(run))
+  app.run(main_running(run), flags_parser=flag_parser)

@@ -5,6 +5,7 @@ import errno
 import logging
 import os
 import pathlib
+import re
 import shutil
 import sys
 from typing import Any, Callable, NoReturn, Optional
@@ -126,24 +127,40 @@ def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
       lines = str(e).strip().splitlines()
       fail(lines[0].split(' Error whilst')[0] + ' ' + lines[-1] if len(lines) > 1 else str(e))
     except Exception as e:  # noqa: BLE001 -- config files are Python: they may raise anything
-      key = _missing_key(e)
-      if key is None:  # bad override values, broken files, a get_config() that raises
+      missing = _missing_key(e)
+      if missing is None:  # bad override values, broken files, a get_config() that raises
         fail('bad --config or --config.* flag: ' + ' '.join(
             f'{type(e).__name__}: {e}'.replace('"', '').split()))
+      key, suggestion = missing
       given = [a.split('=')[0] for a in argv if a.startswith('--config.') and key in a]
-      fail(f'{given[0] if given else key}: no such config option (every option and its '
+      hint = f'; did you mean {suggestion}?' if suggestion else ''
+      fail(f'{given[0] if given else key}: no such config option{hint} (every option and its '
            'default: src/transformer_nmt/config.py)')
   return parse
 
 
-def _missing_key(error: Exception) -> Optional[str]:
-  """The option an override names that the config lacks (config_flags raises a KeyError, or
-  an AttributeError wrapping one), else None."""
+def flag_parser(argv: list[str]) -> list[str]:
+  """An absl `flags_parser` for the programs without a --config: an unknown or badly typed
+  flag in one line with exit code 2 (absl's own message takes two and exits with 1)."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(' '.join(str(e).split()))
+
+
+def _missing_key(error: Exception) -> Optional[tuple[str, str]]:
+  """(the option an override names that the config lacks, the option ml_collections
+  suggests instead or ''), from the KeyError config_flags raises (or an AttributeError
+  wrapping one); None for any other error. The KeyError's text is "'key'" followed by a line
+  'Did you mean "other" instead of "key"?', which must not reach the one-line message as is."""
   if isinstance(error, AttributeError) and error.args and isinstance(error.args[0], KeyError):
     error = error.args[0]
-  if isinstance(error, KeyError) and error.args:
-    return str(error.args[0]).strip('\'"')
-  return None
+  if not (isinstance(error, KeyError) and error.args):
+    return None
+  first, *rest = str(error.args[0]).splitlines() or ['']
+  suggestion = re.search(r'Did you mean "([^"]+)"', ' '.join(rest))
+  return first.strip('\'" '), suggestion.group(1) if suggestion else ''
 
 
 def main_running(run: Callable[[], None], resumes: bool = False
