@@ -23,7 +23,7 @@ import contextlib
 import json
 import sys
 import time
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 from absl import app, flags
 
@@ -153,8 +153,10 @@ _PREFIX = flags.DEFINE_string('prefix', None, 'Target prefixes, one per input li
                              'none): each translation starts with its line\'s prefix and the '
                              'search continues after it.')
 _RESUME = flags.DEFINE_bool('resume', False, 'Keep the translated lines in OUTPUT.partial as '
-                            'they are written; a run interrupted before the end continues '
-                            'after the last complete line there (same input and flags), and '
+                            'they are written, with a record of what they translate in '
+                            'OUTPUT.partial.json; a run interrupted before the end continues '
+                            'after the last recorded line there (same input and flags: a '
+                            'partial of other settings or input is refused), and '
                             'OUTPUT.partial becomes OUTPUT at the end.')
 _TOKENIZED = flags.DEFINE_bool('tokenized_bleu', False, 'Also print paper-style tokenized BLEU.')
 _PLOT = flags.DEFINE_string('plot_attention', None, 'Directory for cross-attention heatmaps.')
@@ -208,40 +210,6 @@ def _output(path: str) -> Iterator[IO[str]]:
   from transformer_nmt.files import atomic_output
   with atomic_output(path) as f:
     yield f
-
-
-def partial_path(path: str) -> str:
-  return path + '.partial'
-
-
-@contextlib.contextmanager
-def _resumable_output(path: str) -> Iterator[tuple[IO[str], int]]:
-  """(file, lines already there) for --resume: OUTPUT.partial cut after its last complete
-  line (a kill can leave half a line), opened for appending; renamed to OUTPUT once the
-  block ends without an error, else left for the next run."""
-  import os
-  partial = partial_path(path)
-  done = 0
-  if os.path.exists(partial):
-    with open(partial, 'rb+') as f:
-      data = f.read()
-      f.truncate(data.rfind(b'\n') + 1)
-      done = data[:data.rfind(b'\n') + 1].count(b'\n')
-  with open(partial, 'a', encoding='utf-8', newline='\n') as f:
-    yield f, done
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(partial, path)
-
-
-def _skip(blocks: Iterator[list[str]], lines: int) -> Iterator[list[str]]:
-  """The blocks without their first `lines` lines."""
-  for block in blocks:
-    if lines >= len(block):
-      lines -= len(block)
-      continue
-    yield block[lines:]
-    lines = 0
 
 
 def _input_blocks(path: str, size: int) -> Iterator[list[str]]:
@@ -393,7 +361,8 @@ def _translate() -> None:
   progress = _Progress(len(whole) if whole is not None else None, _INPUT.value != '-')
   t0 = time.time()
   keep = None if whole is not None else (_PLOT_COUNT.value if _PLOT.value else 0)
-  count, tokens, kept = _write(translator, model, blocks, progress, keep, beside.get('prefix'))
+  count, tokens, kept = _write(translator, model, decode, blocks, progress, keep,
+                               beside.get('prefix'))
   seconds = max(time.time() - t0, 1e-9)
   print(f'{count} sentences in {seconds:.1f} s (compilation included): '
         f'{count / seconds:.1f} sentences/s, {tokens / seconds:.0f} target tokens/s; '
@@ -429,21 +398,40 @@ def _limit_heaps() -> None:
           'ignored', file=sys.stderr)
 
 
-def _write(translator: Any, model: Any, blocks: Iterator[list[str]], progress: _Progress,
-           keep: Optional[int], prefixes: Optional[list[str]]
+def _write(translator: Any, model: Any, decode: DecodeConfig, blocks: Iterator[list[str]],
+           progress: _Progress, keep: Optional[int], prefixes: Optional[list[str]]
            ) -> tuple[int, int, list[tuple[str, str]]]:
   """The blocks translated into --output: through OUTPUT.partial with --resume, nowhere
   with --precompile, else atomically (see `_translate_blocks` for what it returns)."""
   if _RESUME.value:
-    with _resumable_output(_OUTPUT.value) as (out, done):
-      if done:
-        print(f'resuming after the {done} lines in {partial_path(_OUTPUT.value)}',
-              file=sys.stderr)
-      return _translate_blocks(translator, model, _skip(blocks, done), progress, keep, out)
+    from transformer_nmt import outputs
+    with outputs.resume(_OUTPUT.value, _resume_settings(model, decode)) as partial:
+      if partial.done:
+        print(f'resuming after the {partial.done} lines in '
+              f'{outputs.partial_path(_OUTPUT.value)}', file=sys.stderr)
+      return _translate_blocks(translator, model, partial.skip(blocks), progress, keep,
+                               partial.written)
   import os
   sink = open(os.devnull, 'w', encoding='utf-8') if _PRECOMPILE.value else None
   with contextlib.closing(sink) if sink else _output(_OUTPUT.value) as out:
-    return _translate_blocks(translator, model, blocks, progress, keep, out, prefixes)
+    def write(_: list[str], text: str) -> None:
+      out.write(text)
+      out.flush()  # a block's translations are out before the next block is read
+    return _translate_blocks(translator, model, blocks, progress, keep, write, prefixes)
+
+
+def _resume_settings(model: Any, decode: DecodeConfig) -> dict[str, Any]:
+  """What decides the translations, as --resume's record keeps it: a partial written with
+  other settings is refused (outputs.resume)."""
+  import dataclasses
+  import pathlib
+
+  from transformer_nmt.decoding import ensemble
+  cfgs = model.cfg if ensemble.is_ensemble(model.cfg) else [model.cfg]
+  return {'workdirs': [str(pathlib.Path(w).resolve()) for w in _WORKDIR.value],
+          'checkpoint_steps': model.steps, 'best': _BEST.value, 'ema': _EMA.value,
+          'dtypes': [c.dtype for c in cfgs], 'decode': dataclasses.asdict(decode),
+          'format': _FORMAT.value, 'n_best': _N_BEST.value}
 
 
 def _precompile_small_jobs(translator: Any, params: Any, blocks: Iterator[list[str]]
@@ -491,23 +479,24 @@ def _read_whole() -> tuple[Optional[list[str]], dict[str, list[str]]]:
 
 
 def _translate_blocks(translator: Any, model: Any, blocks: Iterator[list[str]],
-                      progress: _Progress, keep: Optional[int], out: IO[str],
+                      progress: _Progress, keep: Optional[int],
+                      write: Callable[[list[str], str], None],
                       prefixes: Optional[list[str]] = None
                       ) -> tuple[int, int, list[tuple[str, str]]]:
-  """Translates block after block into `out` (`prefixes`: one per line, with a single
-  block). Returns the sentence and target-token counts and the first `keep` (source,
-  translation) pairs (all with None: for scoring)."""
+  """Translates block after block, handing each block and its translations' text to `write`
+  before the next block is read (`prefixes`: one per line, with a single block). Returns the
+  sentence and target-token counts and the first `keep` (source, translation) pairs (all
+  with None: for scoring)."""
   count = tokens = 0
   kept: list[tuple[str, str]] = []
   for block in blocks:
     if _FORMAT.value == 'jsonl':
       found = translator.hypotheses(model.params, block, progress, prefixes)
       hyps = [h[0].text if h else '' for _, h in found]
-      out.write(''.join(_json_line(source, h) for source, h in found))
+      write(block, ''.join(_json_line(source, h) for source, h in found))
     else:
       hyps = translator.translate_lines(model.params, block, progress, prefixes)
-      out.write(''.join(h + '\n' for h in hyps))
-    out.flush()  # a block's translations are out before the next block is read
+      write(block, ''.join(h + '\n' for h in hyps))
     count += len(block)
     tokens += sum(len(ids) + 1 for ids in model.tgt_tok.encode([h for h in hyps if h]))
     room = len(block) if keep is None else max(keep - len(kept), 0)

@@ -2,12 +2,18 @@
 that is this run's, no temporary files left for ever, a closed pipe, a workdir's own files."""
 
 import fcntl
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
+
+from transformer_nmt.errors import DataError
 
 FLAGS = ['--beam_size', '1', '--max_extra_len', '5']
 
@@ -50,6 +56,90 @@ def test_a_second_decode_writing_the_same_output_is_refused(tiny_workdir, tmp_pa
     first.wait(timeout=120)
   assert first.returncode == 0 and out.read_text() == ''
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out.de']  # no lock or partial left
+
+
+def _interrupted(tiny_workdir, tmp_path, lines: list[str]) -> tuple[list[str], str]:
+  """A --resume run killed after translating `lines` (read from a pipe): (its flags, the
+  partial it left)."""
+  flags = ['--workdir', str(tiny_workdir), *FLAGS, '--buffer_lines', str(len(lines)),
+           '--resume', '--output', str(tmp_path / 'out.de')]
+  proc = _start(*flags)
+  proc.stdin.write(''.join(line + '\n' for line in lines))
+  proc.stdin.flush()
+  record = tmp_path / 'out.de.partial.json'
+  deadline = time.time() + 240
+  while not (record.exists() and json.loads(record.read_text())['lines'] == len(lines)):
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.1)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  return flags, str(tmp_path / 'out.de.partial')
+
+
+def test_resume_refuses_a_partial_that_is_not_this_runs(tiny_workdir, tmp_path, lines):
+  source = tmp_path / 'in.en'
+  source.write_text(''.join(line + '\n' for line in lines[:5]))
+  partial = tmp_path / 'out.de.partial'
+  partial.write_text('eins\nzwei\ndrei\nvier\nfünf\nsechs\nsieben\n')  # someone else's
+  resume = ['--workdir', str(tiny_workdir), *FLAGS, '--resume', '--input', str(source),
+            '--output', str(tmp_path / 'out.de')]
+  _clean_failure(run_decode(*resume), f'{partial} has no record of what it belongs to')
+  assert not (tmp_path / 'out.de').exists() and partial.read_text().count('\n') == 7
+  partial.unlink()
+
+  flags, _ = _interrupted(tiny_workdir, tmp_path, lines[:3])
+  kept = partial.read_bytes()
+  shorter = tmp_path / 'short.en'
+  shorter.write_text(''.join(line + '\n' for line in lines[:2]))
+  _clean_failure(run_decode(*flags, '--input', str(shorter)),
+                 'holds 3 translated lines but the input has only 2')
+  other = tmp_path / 'other.en'
+  other.write_text(''.join(line + '\n' for line in ['a house'] + lines[1:5]))
+  _clean_failure(run_decode(*flags, '--input', str(other)),
+                 'translates other lines than the first 3 of this input')
+  _clean_failure(run_decode(*flags, '--input', str(source), '--max_extra_len', '4'),
+                 'was written with other settings (decode.max_extra_len: 5 then, 4 now)')
+  assert partial.read_bytes() == kept  # none of the refusals wrote to it
+  partial.write_bytes(kept.split(b'\n', 1)[1])  # a line deleted
+  _clean_failure(run_decode(*flags, '--input', str(source)), 'it was changed')
+  assert not (tmp_path / 'out.de').exists()
+
+
+def test_resume_record_cuts_what_it_did_not_record(tmp_path):
+  """The library: lines written after the last record (a kill between the two) are cut off
+  and translated again; a changed partial or a damaged record is refused."""
+  from transformer_nmt import outputs
+  path = str(tmp_path / 'out.de')
+  settings = {'decode': {'beam_size': 1}}
+  with pytest.raises(RuntimeError):
+    with outputs.resume(path, settings) as partial:
+      partial.written(['a', 'b'], 'A\nB\n')
+      raise RuntimeError('killed')
+  with open(outputs.partial_path(path), 'a') as f:
+    f.write('C\nhalf a li')
+  with outputs.resume(path, settings) as partial:
+    assert partial.done == 2
+    assert list(partial.skip(iter([['a'], ['b', 'c'], ['d']]))) == [['c'], ['d']]
+    partial.written(['c', 'd'], 'C\nD\n')
+  assert (tmp_path / 'out.de').read_text() == 'A\nB\nC\nD\n'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['out.de']
+  with pytest.raises(RuntimeError):
+    with outputs.resume(path, settings) as partial:
+      partial.written(['a'], 'A\n')
+      raise RuntimeError('killed')
+  with pytest.raises(DataError, match='was written with other settings'):
+    with outputs.resume(path, {'decode': {'beam_size': 2}}):
+      pass
+  with open(outputs.partial_path(path), 'w') as f:
+    f.write('X\n')  # same length, other text
+  with pytest.raises(DataError, match='was changed since it was written'):
+    with outputs.resume(path, settings):
+      pass
+  with open(outputs.record_path(path), 'w') as f:
+    f.write('{"lines": "many"')
+  with pytest.raises(DataError, match='is damaged'):
+    with outputs.resume(path, settings):
+      pass
 
 
 def test_an_output_among_the_workdirs_files_is_refused(tiny_workdir, tmp_path):
