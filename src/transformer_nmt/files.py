@@ -23,8 +23,10 @@ def atomic_output(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
   # Held while it is written (the kernel drops it when the process ends, kill -9 included):
-  # remove_stale_temporaries tells a live writer's file from one a killed process left.
-  fcntl.flock(fd, fcntl.LOCK_EX)
+  # remove_stale_temporaries tells a live writer's file from one a killed process left. A
+  # file system without locks only loses that cleanup, not the write.
+  with contextlib.suppress(OSError):
+    fcntl.flock(fd, fcntl.LOCK_EX)
   try:
     with os.fdopen(fd, 'wb' if binary else 'w', **({} if binary else
                                                    {'encoding': 'utf-8', 'newline': '\n'})) as f:
