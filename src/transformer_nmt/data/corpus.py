@@ -7,8 +7,9 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+import ml_collections
 import numpy as np
 
 from transformer_nmt import sharding
@@ -19,6 +20,7 @@ from transformer_nmt.errors import ConfigError
 from transformer_nmt.workdir import Workdir
 
 Lines = tuple[list[str], list[str], data_lib.ReadStats]
+DataSection = ml_collections.ConfigDict  # a config's `data` section (config.DataConfig's fields)
 
 
 @dataclasses.dataclass
@@ -47,11 +49,11 @@ class Corpus:
     return self._train
 
 
-def _paths(data_cfg: Any, split: str) -> tuple[str, str]:
+def _paths(data_cfg: DataSection, split: str) -> tuple[str, str]:
   return getattr(data_cfg, f'{split}_src'), getattr(data_cfg, f'{split}_tgt')
 
 
-def read_corpus(data_cfg: Any, workdir: pathlib.Path) -> Corpus:
+def read_corpus(data_cfg: DataSection, workdir: pathlib.Path) -> Corpus:
   """Reads the configured files (generating the demo corpus first for source='demo')."""
   if data_cfg.source == 'tfds':
     return _read_tfds(data_cfg)
@@ -97,7 +99,7 @@ def _read_train(pairs: list[tuple[str, str]]) -> Lines:
   return src, tgt, stats
 
 
-def _read_tfds(data_cfg: Any) -> Corpus:
+def _read_tfds(data_cfg: DataSection) -> Corpus:
   import jax
 
   from transformer_nmt.data import tfds as tfds_data
@@ -111,7 +113,8 @@ def _read_tfds(data_cfg: Any) -> Corpus:
       host_sharded=count > 1)
 
 
-def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
+def tokenizers(data_cfg: DataSection, corpus: Corpus,
+               workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   """(source, target) tokenizers: reused from the workdir, copied from data.spm_model, or trained.
 
   A joint vocabulary is one model trained on source and target text (paper §5.1); otherwise
@@ -122,7 +125,7 @@ def tokenizers(data_cfg: Any, corpus: Corpus, workdir: pathlib.Path) -> tuple[To
   return trained[0] if trained else _tokenizers(data_cfg, corpus, workdir)
 
 
-def _tokenizers(data_cfg: Any, corpus: Corpus,
+def _tokenizers(data_cfg: DataSection, corpus: Corpus,
                 workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_path, tgt_path = Workdir(workdir).tokenizer_paths(data_cfg.joint_vocab)
   if data_cfg.joint_vocab:
@@ -135,8 +138,8 @@ def _tokenizers(data_cfg: Any, corpus: Corpus,
           _load_or_train(data_cfg, tgt_path, lambda: corpus.train[1], ''))
 
 
-def _load_or_train(data_cfg: Any, path: pathlib.Path, text: Callable[[], list[str]],
-                   given: str) -> Tokenizer:
+def _load_or_train(data_cfg: DataSection, path: pathlib.Path,
+                   text: Callable[[], list[str]], given: str) -> Tokenizer:
   """The model at `path`; else a copy of `given`; else one trained on `text()`."""
   if path.exists():
     logging.info('Reusing SentencePiece model %s', path)
@@ -158,7 +161,7 @@ def _load_or_train(data_cfg: Any, path: pathlib.Path, text: Callable[[], list[st
   return tok
 
 
-def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
+def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: DataSection,
            train: bool) -> data_lib.ParallelData:
   """Tokenises one split; only the training split drops pairs over data.max_len."""
   src, tgt, stats = lines
@@ -168,8 +171,8 @@ def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: Any,
                                   max_len=data_cfg.max_len if train else None)
 
 
-def encode_train(data_cfg: Any, corpus: Corpus, src_tok: Tokenizer, tgt_tok: Tokenizer,
-                 directory: Optional[pathlib.Path]) -> data_lib.ParallelData:
+def encode_train(data_cfg: DataSection, corpus: Corpus, src_tok: Tokenizer,
+                 tgt_tok: Tokenizer, directory: Optional[pathlib.Path]) -> data_lib.ParallelData:
   """The training split encoded, through the cache in `directory` (data/cache.py) when given
   and the text comes from files: mapped when an entry matches, else encoded and stored.
   Process 0 writes the entry first; the others then map it (or, when their cache directory
@@ -189,7 +192,8 @@ def encode_train(data_cfg: Any, corpus: Corpus, src_tok: Tokenizer, tgt_tok: Tok
 
 
 def sampled_epochs(text: Callable[[], Lines], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                   data_cfg: Any, seed: int) -> Callable[[int], data_lib.ParallelData]:
+                   data_cfg: DataSection,
+                   seed: int) -> Callable[[int], data_lib.ParallelData]:
   """Subword regularisation (data.spm_alpha > 0): epoch -> the training split segmented by
   SentencePiece sampling, the same for the same (seed, epoch), another for another epoch.
   Pairs that the sampled segmentation makes longer than data.max_len are left out of that
