@@ -187,8 +187,9 @@ def resume(path: str, settings: dict[str, Any]) -> Iterator[Partial]:
   Raises DataError (before anything is written) for a partial without a record, one written
   with other settings, or one changed since it was written."""
   settings = json.loads(json.dumps(settings))  # as the record will read back
-  partial, stored = Partial(path, settings), _read_record(path)
+  partial = Partial(path, settings)
   exists = os.path.exists(partial_path(path))
+  stored = _read_record(path) if exists else None  # a record without its partial: start anew
   if exists and stored is None:
     raise partial.refuse(f'has no record of what it belongs to ({record_path(path)})')
   if exists:
@@ -207,10 +208,10 @@ def resume(path: str, settings: dict[str, Any]) -> Iterator[Partial]:
     partial.done, partial.size = stored['lines'], stored['bytes']
     partial.output_hash.update(data)
     partial.expected_input = stored['input_sha256']
+  partial._record()  # before a new partial exists: a kill leaves no partial without record
   with open(partial_path(path), 'ab' if exists else 'wb') as f:
     f.truncate(partial.size)  # lines written after the last record are translated again
     partial.file = f
-    partial._record()
     yield partial
     f.flush()
     os.fsync(f.fileno())

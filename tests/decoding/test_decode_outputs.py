@@ -140,6 +140,11 @@ def test_resume_record_cuts_what_it_did_not_record(tmp_path):
   with pytest.raises(DataError, match='is damaged'):
     with outputs.resume(path, settings):
       pass
+  os.unlink(outputs.partial_path(path))  # a record without its partial: a new start
+  with outputs.resume(path, settings) as partial:
+    assert partial.done == 0
+    partial.written(['z'], 'Z\n')
+  assert (tmp_path / 'out.de').read_text() == 'Z\n'
 
 
 def test_an_output_among_the_workdirs_files_is_refused(tiny_workdir, tmp_path):
