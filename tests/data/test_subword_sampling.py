@@ -5,6 +5,8 @@ import pytest
 
 from transformer_nmt.config import default_config, validate_config
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import cache
+from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError
 
 
@@ -63,3 +65,25 @@ def test_bad_values_are_refused(option, value):
   config.data[option] = value
   with pytest.raises(ConfigError, match=f'data.{option}='):
     validate_config(config)
+
+
+def test_sampled_in_chunks_the_first_as_before_the_others_seeded_apart(experiment, monkeypatch):
+  """Sampling holds one chunk's id lists at a time; a corpus of one chunk (Multi30k's 29k
+  pairs) is segmented as the unchunked sampling did, so that runs resume as they were."""
+  exp, config = experiment
+  tok = exp.evaluator.tokenizer
+  lines = corpus_lib.read_corpus(config.data, tok.path.parent).train
+  sample = dict(alpha=config.data.spm_alpha, nbest=config.data.spm_nbest)
+  state = np.random.SeedSequence([0, 3]).generate_state(2)  # unchunked: seeded by (seed, epoch)
+  before = data_lib.parallel_ids(tok.sample(lines[0], seed=int(state[0]), **sample),
+                                 tok.sample(lines[1], seed=int(state[1]), **sample), tok, tok,
+                                 max_len=config.data.max_len, stats=data_lib.ReadStats())
+  epochs = lambda: corpus_lib.sampled_epochs(lambda: lines, tok, tok, config.data, seed=0)  # noqa: E731
+  assert _ids(epochs()(3)) == _ids(before)  # 200 pairs: one chunk
+  monkeypatch.setattr(cache, 'CHUNK', 64)
+  chunked = epochs()(3)
+  assert _ids(chunked) == _ids(epochs()(3))  # deterministic
+  first = [i for i, k in enumerate(chunked.index) if k < 64]
+  assert [chunked.src[i].tolist() for i in first] == \
+      [before.src[i].tolist() for i in range(len(before)) if before.index[i] < 64]
+  assert _ids(chunked) != _ids(before)  # later chunks have seeds of their own

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import ml_collections
 import numpy as np
@@ -198,17 +198,24 @@ def sampled_epochs(text: Callable[[], Lines], src_tok: Tokenizer, tgt_tok: Token
   SentencePiece sampling, the same for the same (seed, epoch), another for another epoch.
   Pairs that the sampled segmentation makes longer than data.max_len are left out of that
   epoch (counted in the log). Validation and test text is never sampled. `text()` is
-  called at the first epoch (in the thread that builds batches, data/prefetch.py)."""
-  boundaries = list(data_cfg.bucket_boundaries) if data_cfg.bucket_boundaries else None
+  called at the first epoch (in the thread that builds batches, data/prefetch.py).
+
+  The text is sampled `cache.CHUNK` pairs at a time, chunk k > 0 seeded by (seed, epoch, k),
+  so that only one chunk's id lists are held at once; the first chunk keeps the seed
+  (seed, epoch) of the unchunked sampling before it, so that smaller corpora (Multi30k)
+  are segmented as they were."""
+  boundaries = (list(data_cfg.bucket_boundaries) if data_cfg.bucket_boundaries
+                else data_lib.bucket_boundaries(data_cfg.max_len))
 
   def epoch_data(epoch: int) -> data_lib.ParallelData:
+    def sampled(tok: Tokenizer, lines: Sequence[str], side: str, chunk: int) -> list[list[int]]:
+      state = np.random.SeedSequence([seed, epoch] + ([chunk] if chunk else [])).generate_state(2)
+      return tok.sample(lines, seed=int(state[int(side == 'tgt')]), alpha=data_cfg.spm_alpha,
+                        nbest=data_cfg.spm_nbest)
     src, tgt, stats = text()
-    state = np.random.SeedSequence([seed, epoch]).generate_state(2)
-    sample = dict(alpha=data_cfg.spm_alpha, nbest=data_cfg.spm_nbest)
-    data = data_lib.parallel_ids(src_tok.sample(src, seed=int(state[0]), **sample),
-                                 tgt_tok.sample(tgt, seed=int(state[1]), **sample), src_tok,
-                                 tgt_tok, max_len=data_cfg.max_len,
-                                 stats=dataclasses.replace(stats), boundaries=boundaries)
+    found = cache.encode(src, tgt, stats, src_tok, tgt_tok, data_cfg.max_len, sampled)
+    data = data_lib.ParallelData(found.src, found.tgt, found.index, tgt_tok.pad_id,
+                                 tgt_tok.bos_id, boundaries, found.stats)
     logging.info('Epoch %d: training pairs segmented anew by subword sampling (%d kept, %d '
                  'over data.max_len)', epoch, data.stats.kept, data.stats.too_long)
     return data
