@@ -17,6 +17,7 @@ not scored during training either; rerun without --sweep on the chosen workdir t
 
 import dataclasses
 import logging
+import math
 import os
 import pathlib
 import time
@@ -59,6 +60,8 @@ def checked_run() -> None:
     alphas = [float(a) for a in _ALPHAS.value]
   except ValueError:
     fail(f'--alphas={",".join(_ALPHAS.value)}: expected numbers, e.g. 0.6,1.0')
+  if not all(0 <= a < math.inf for a in alphas):  # as DecodeConfig checks, but before training
+    fail(f'--alphas={",".join(_ALPHAS.value)}: each must be a finite number, 0 or more')
   if not set(_MBR.value) <= set(MBR_UTILITIES):
     fail(f'--mbr={",".join(_MBR.value)}: expected utilities among {",".join(MBR_UTILITIES)}')
   if any(v is not None and v < 1 for v in (_BEAM.value, _BATCH_TOKENS.value)) or \

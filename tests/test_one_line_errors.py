@@ -54,6 +54,8 @@ CASES = {
                              '--process_id=2 must be in [0, --num_processes=2)'),
     'recipe: bad alphas': (RECIPE + ['--alphas', '0.6,abc'], '',
                            '--alphas=0.6,abc: expected numbers'),
+    'recipe: alpha nan': (RECIPE + ['--alphas', '0.6,nan'], '',
+                          '--alphas=0.6,nan: each must be a finite number, 0 or more'),
     # decode.py: flags, search settings, files
     'decode: typo in a flag': (DECODE + ['--beam_szie', '3'], '',
                                "Unknown command line flag 'beam_szie'. Did you mean: beam_size"),
