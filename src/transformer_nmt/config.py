@@ -166,7 +166,8 @@ class DataConfig:
   # arrays in cache_dir ('' = the workdir's data_cache/; a directory shared by runs on the
   # same files works too), keyed by the tokenizers and the training files' path, size and
   # modification time; later starts map it instead of encoding the text again (WMT14: ~3
-  # minutes per start and process). False = encode at every start. Not for source='tfds'.
+  # minutes per start and process). False = encode at every start. With source='tfds' the
+  # key is the dataset, its version and files, and each process stores its own share.
   cache: bool = True
   cache_dir: str = ''
   # Training batches built ahead of the step by a background thread (data/prefetch.py); 0 =

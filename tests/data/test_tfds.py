@@ -51,3 +51,23 @@ def test_bad_tfds_settings_give_clear_errors(tmp_path):
       tfds_data.read_split(tfds_config(src_lang='fr').data, 'train')
   with pytest.raises(DataError, match='tfds build wmt14_translate'):
     tfds_data.read_split(tfds_config(tfds_data_dir=str(tmp_path)).data, 'train')
+
+
+def test_a_process_share_is_encoded_once_then_mapped(tmp_path):
+  from transformer_nmt.data import corpus as corpus_lib
+  c = tfds_config(max_train_examples=12)
+  directory = tmp_path / 'cache'
+  with tfds.testing.mock_data(num_examples=16):
+    corpus = corpus_lib.read_corpus(c.data, tmp_path)
+    toks = corpus_lib.tokenizers(c.data, corpus, tmp_path)
+    first = corpus_lib.encode_train(c.data, corpus, *toks, directory)
+    again = corpus_lib.read_corpus(c.data, tmp_path)
+    again.read_train = lambda: pytest.fail('the training split was read')
+    mapped = corpus_lib.encode_train(c.data, again, *toks, directory)
+    assert [x.tolist() for x in mapped.tgt] == [x.tolist() for x in first.tgt]
+    c.data.max_train_examples = 8  # another share of the split: another entry
+    fewer = corpus_lib.encode_train(c.data, corpus_lib.read_corpus(c.data, tmp_path), *toks,
+                                    directory)
+    ident = tfds_data.split_identity(c.data, 'train', 8, (1, 4))[0]
+  assert len(fewer.index) < len(first.index) and len(list(directory.iterdir())) == 2
+  assert ident['tfds'] == 'wmt14_translate/de-en/1.0.0' and ident['shard'] == [1, 4]

@@ -29,8 +29,8 @@ class Corpus:
 
   The training text is read when first asked for (`train`): a start that maps the encoded
   pairs from the cache (data/cache.py) with a tokenizer already trained never reads it.
-  `train_files`: the identities of the files it comes from (`cache.file_identity`); empty
-  when it does not come from files (tfds), which the cache then leaves alone.
+  `train_files`: what identifies the text (`cache.file_identity` of its files; for tfds the
+  dataset, this process's share and the split's files); empty: no cache.
   `host_sharded`: this process holds only its own share of the training split (tfds with
   several processes), so its batches are its own rows of the global batch.
   """
@@ -104,13 +104,14 @@ def _read_tfds(data_cfg: DataSection) -> Corpus:
 
   from transformer_nmt.data import tfds as tfds_data
   train, valid, test = data_cfg.tfds_splits
-  count, index = jax.process_count(), jax.process_index()
-  pairs = tfds_data.read_split(data_cfg, train, data_cfg.max_train_examples, (index, count))
+  share = (data_cfg.max_train_examples, (jax.process_index(), jax.process_count()))
+  cfg = data_cfg.copy_and_resolve_references()  # read later (see Corpus): the config of now
   return Corpus(
-      read_train=lambda: pairs,
+      read_train=lambda: tfds_data.read_split(cfg, train, *share),
       valid=tfds_data.read_split(data_cfg, valid),
       test=tfds_data.read_split(data_cfg, test) if test else None,
-      host_sharded=count > 1)
+      host_sharded=share[1][1] > 1,
+      train_files=lambda: tfds_data.split_identity(cfg, train, *share))
 
 
 def tokenizers(data_cfg: DataSection, corpus: Corpus,

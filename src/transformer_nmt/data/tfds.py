@@ -8,6 +8,7 @@ several processes each one reads only its own even share of the training split.
 from __future__ import annotations
 
 import logging
+import pathlib
 from typing import Any
 
 from transformer_nmt.data import batching as data_lib
@@ -28,6 +29,32 @@ def _as_text(value: Any) -> str:
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
+def split_identity(data_cfg: Any, split: str, limit: int = 0,
+                   shard: tuple[int, int] = (0, 1)) -> list[dict]:
+  """What tells this share of a split from another or a changed one (the key of its encoded
+  pairs in data/cache.py): the dataset's name and version, the share, and the size and
+  modification time of the split's prepared files (when they are local files)."""
+  from transformer_nmt.data import cache
+  info = _source(data_cfg, split).dataset_info
+  directory = pathlib.Path(str(info.data_dir))
+  prefix = f'{info.name}-{split}.'
+  files = sorted(p for p in directory.glob(f'{prefix}*')) if directory.is_dir() else []
+  return [{'tfds': info.full_name, 'split': split, 'limit': limit, 'shard': list(shard),
+           'data_dir': str(directory)}] + [cache.file_identity(str(f)) for f in files]
+
+
+def _source(data_cfg: Any, split: str) -> Any:
+  """tfds's random-access reader of one split; a DataError says how to prepare it."""
+  tfds = _tfds()
+  try:
+    return tfds.data_source(data_cfg.tfds_name, split=split,
+                            data_dir=data_cfg.tfds_data_dir or None)
+  except Exception as e:  # not prepared, unknown name or split: tfds raises many kinds
+    raise DataError(f'cannot read tfds {data_cfg.tfds_name!r} split {split!r}: '
+                    f'{type(e).__name__}: {str(e).splitlines()[0][:300]} (prepare it once '
+                    f'with: tfds build {data_cfg.tfds_name.split("/")[0]})') from None
+
+
 def read_split(data_cfg: Any, split: str, limit: int = 0,
                shard: tuple[int, int] = (0, 1)) -> tuple[list[str], list[str], data_lib.ReadStats]:
   """(source lines, target lines, stats) of one split; pairs with an empty side are skipped
@@ -36,14 +63,7 @@ def read_split(data_cfg: Any, split: str, limit: int = 0,
   `limit` > 0 keeps the first `limit` examples. `shard` = (index, count) reads only the
   index-th of `count` contiguous, even shares (random access: nothing else is read).
   """
-  tfds = _tfds()
-  try:
-    source = tfds.data_source(data_cfg.tfds_name, split=split,
-                              data_dir=data_cfg.tfds_data_dir or None)
-  except Exception as e:  # not prepared, unknown name or split: tfds raises many kinds
-    raise DataError(f'cannot read tfds {data_cfg.tfds_name!r} split {split!r}: '
-                    f'{type(e).__name__}: {str(e).splitlines()[0][:300]} (prepare it once '
-                    f'with: tfds build {data_cfg.tfds_name.split("/")[0]})') from None
+  source = _source(data_cfg, split)
   n = len(source) if not limit else min(limit, len(source))
   index, count = shard
   begin, end = index * n // count, (index + 1) * n // count
