@@ -31,12 +31,14 @@ import sys
 import tempfile
 import time
 
+import ml_collections
 from absl import app, flags, logging
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # no accelerator plugin probing in the timings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NEWSTEST = ROOT.parent / 'shared' / 'data' / 'wmt14-newstest'
+MULTI30K = ROOT.parent / 'shared' / 'data' / 'multi30k'  # configs/small.py's corpus
 
 _PAIRS = flags.DEFINE_integer('pairs', 300_000, 'Training pairs of the synthetic corpus.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 8000, 'SentencePiece pieces (a soft limit).')
@@ -51,7 +53,7 @@ _TRAIN_PAIRS = flags.DEFINE_integer('train_pairs', 3000, 'Multi30k pairs of the 
 _CHILD = flags.DEFINE_string('child', None, 'Internal: a directory to start from (start-up).')
 
 
-def data_config(directory: pathlib.Path):
+def data_config(directory: pathlib.Path) -> ml_collections.ConfigDict:
   from transformer_nmt.config import default_config
   c = default_config().data
   c.update(source='text', train_src=str(directory / 'train.en'),
@@ -142,9 +144,8 @@ def data_wait(directory: pathlib.Path, pack_length: int) -> list[float]:
   the first --train_pairs Multi30k pairs (so that epochs, each sampled anew, end within the
   run: the share of time spent sampling does not depend on the corpus size), stopped by
   SIGTERM once --train_steps steps are logged."""
-  multi30k = ROOT.parent / 'shared' / 'data' / 'multi30k'
   for side in ('en', 'de'):
-    lines = (multi30k / f'train.{side}').read_text(encoding='utf-8').splitlines()
+    lines = (MULTI30K / f'train.{side}').read_text(encoding='utf-8').splitlines()
     (directory / f'm30k.{side}').write_text('\n'.join(lines[:_TRAIN_PAIRS.value]) + '\n',
                                             encoding='utf-8')
   workdir, log = directory / f'small_{pack_length}', directory / f'small_{pack_length}.log'
@@ -207,7 +208,9 @@ def run(directory: pathlib.Path) -> None:
       print(f'| {"packed " + str(pack_length) if pack_length else "bucketed"} | {count} | {rows} '
             f'| {r["ms"]:.2f} | {r["tokens_per_s"] / 1e6:.2f}M | {plan_s:.2f} | '
             f'{amortised:.2f} | {amortised + 1e3 * sampled / per_epoch:.2f} |')
-  if _TRAIN_STEPS.value:
+  if _TRAIN_STEPS.value and not (MULTI30K / 'train.en').exists():
+    print(f'\ndata_wait runs skipped: {MULTI30K} is not present')
+  elif _TRAIN_STEPS.value:
     for pack_length in (0, 64):  # configs/small.py: data.max_len 64
       waits = data_wait(directory, pack_length)
       print(f'\ntrain.py configs/small.py, pack_length {pack_length}, spm_alpha 0.1: data_wait '
