@@ -2,6 +2,7 @@
 
 import contextlib
 import errno
+import glob
 import logging
 import os
 import pathlib
@@ -19,9 +20,24 @@ def quiet_logging() -> None:
   logging.getLogger().setLevel(logging.INFO)
   logging.getLogger('absl').setLevel(logging.WARNING)
   logging.getLogger('jax._src.xla_bridge').setLevel(logging.ERROR)  # 'no TPU' notice on CPU
+  logging.getLogger('jax._src.xla_bridge').addFilter(_no_cuda_plugin_failure_without_a_gpu)
   absl_logging.get_absl_handler().addFilter(_drop_read_only_notices)
   absl_logging.get_absl_handler().addFilter(_one_line_from_libraries)
   sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
+
+
+def _no_cuda_plugin_failure_without_a_gpu(record: logging.LogRecord) -> bool:
+  """The CUDA plugin (requirements-dev.txt installs it to compile GPU programs without a GPU)
+  fails to start on a machine with no NVIDIA GPU, and JAX logs that with a traceback before
+  falling back to the CPU. Without a GPU that failure is expected: dropped. With one, a
+  plugin that fails is the user's to see."""
+  if not record.getMessage().startswith('Jax plugin configuration error'):
+    return True
+  return 'cuda' not in record.getMessage() or _has_nvidia_gpu()
+
+
+def _has_nvidia_gpu() -> bool:
+  return os.path.exists('/proc/driver/nvidia') or bool(glob.glob('/dev/nvidia[0-9]*'))
 
 
 def _quiet_unraisable(hook: Callable[..., Any]) -> Callable[..., Any]:

@@ -143,19 +143,6 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
-def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's contiguous share of a global host batch's rows.
-
-  Every process plans the same global batches (same seed); each feeds only its slice to
-  `shard_batch`, so the global array equals the single-process batch.
-  """
-  count, index = jax.process_count(), jax.process_index()
-  if count == 1:
-    return batch
-  rows = next(iter(batch.values())).shape[0] // count
-  return {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()}
-
-
 def local_copy(tree: Any) -> Any:
   """Host copy of a pytree, readable in every process (e.g. for evaluation); sharded arrays
   (FSDP) are gathered first."""
