@@ -54,11 +54,11 @@ GPU_TESTS = ['tests/model/test_attention.py', 'tests/model/test_model.py',
              'tests/training/test_steps.py', 'tests/test_checkpoint.py']
 ENVIRONMENT_JOB = '''
 import sys, jax
-from transformer_nmt import aot
+from transformer_nmt import gpu_target
 jax.print_environment_info()
 print('devices:', jax.devices())
 try:
-  aot.write_attached_gpu_target(sys.argv[1])
+  gpu_target.write_attached(sys.argv[1])
   print('target config written')
 except Exception as e:  # noqa: BLE001 -- a CPU has none; the report says why
   print(f'no target config: {type(e).__name__}: {e}'.splitlines()[0])

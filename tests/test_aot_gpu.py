@@ -17,7 +17,7 @@ pytest.importorskip('jax_plugins.xla_cuda12',
 
 from test_aot import D_MODEL, LENGTH, ROWS, VOCAB, _activation_like, _config, _param_shapes  # noqa: E402,I001
 
-from transformer_nmt import aot  # noqa: E402
+from transformer_nmt import aot, gpu_target  # noqa: E402
 from transformer_nmt.errors import UserError  # noqa: E402
 
 
@@ -135,10 +135,10 @@ def test_target_config_from_device_properties_compiles_and_matches_the_shipped_o
   import jax
   import jax.numpy as jnp
   from jax.experimental import topologies
-  text = aot.gpu_target_config_of(H100_PROPERTIES, 1_980_000, 2_619_000, 5120, (9, 8), (12, 8),
+  text = gpu_target.config_of(H100_PROPERTIES, 1_980_000, 2_619_000, 5120, (9, 8), (12, 8),
                                   'NVIDIA H100 80GB HBM3')
   # memory_bandwidth: 2 x 2619 MHz x 5120 bits = 3.35232 TB/s
-  assert _fields(text) == _fields(aot.gpu_target_config('h100'))
+  assert _fields(text) == _fields(gpu_target.config('h100'))
   devices = topologies.get_topology_desc(platform='cuda', target_config=text,
                                          topology='1x1x1').devices
   x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16,

@@ -2,7 +2,7 @@
 
 `jax.experimental.topologies` describes a TPU slice (e.g. 'v5e:8x8') with libtpu alone, and
 GPU hosts (e.g. 'h100:8x8', 8 hosts of 8) with the CUDA plugin and a GPU target config that
-the project ships (gpu_targets/); XLA then compiles the real per-chip program for it from
+the project ships (gpu_target.py); XLA then compiles the real per-chip program for it from
 abstract inputs (ShapeDtypeStructs carrying NamedShardings), without allocating any array. The
 compiled program tells what a pod run would meet: memory per chip, every collective, and on
 TPUs FLOPs, bytes accessed and XLA's own per-instruction time estimates (XLA's GPU compiler
@@ -13,13 +13,13 @@ and the roofline; aot_compile.py builds the programs.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import re
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
+from transformer_nmt import gpu_target
 from transformer_nmt.errors import UserError
 
 GIB = 2 ** 30
@@ -55,72 +55,6 @@ _GPU_TOPOLOGY = re.compile(r'^(?P<kind>h100):(?:(?P<hosts>\d+)x)?(?P<gpus>\d+)$'
 GPU_DEFAULT_MEMORY_FRACTION = 0.75
 
 
-def gpu_target_config(kind: str) -> str:
-  """The GpuTargetConfigProto text the project ships for a GPU kind ('h100')."""
-  return (importlib.resources.files('transformer_nmt') / 'gpu_targets' / f'{kind}.txtpb'
-          ).read_text()
-
-
-# cudaDeviceAttr numbers (CUDA runtime API): the clocks and bus width left cudaDeviceProp in
-# CUDA 13 but stay attributes.
-_CLOCK_KHZ, _MEMORY_CLOCK_KHZ, _BUS_BITS = 13, 36, 37
-
-
-def gpu_target_config_of(props: dict[str, Any], clock_khz: int, memory_clock_khz: int,
-                         bus_bits: int, dnn: tuple[int, int], runtime: tuple[int, int],
-                         name: str) -> str:
-  """XLA's GpuTargetConfigProto in text form for a CUDA device, from its cudaDeviceProp
-  fields (as cupy.cuda.runtime.getDeviceProperties gives them), clocks, memory bus width,
-  and the cuDNN and CUDA runtime versions. jax has no call that returns the target config of
-  an attached GPU, so bench/gpu.py assembles it from the card (for gpu_targets/)."""
-  grid = props['maxGridSize']
-  fpus = 128 if props['major'] >= 8 else 64  # FP32 lanes per SM: Ampere/Hopper 128, Volta 64
-  bandwidth = 2 * memory_clock_khz * 1000 * bus_bits // 8  # double data rate
-  return '\n'.join([
-      'gpu_device_info {',
-      f"  threads_per_block_limit: {props['maxThreadsPerBlock']}",
-      f"  threads_per_warp: {props['warpSize']}",
-      f"  shared_memory_per_block: {props['sharedMemPerBlock']}",
-      f"  shared_memory_per_core: {props['sharedMemPerMultiprocessor']}",
-      f"  threads_per_core_limit: {props['maxThreadsPerMultiProcessor']}",
-      f"  core_count: {props['multiProcessorCount']}",
-      f'  fpus_per_core: {fpus}',
-      f'  block_dim_limit_x: {grid[0]}', f'  block_dim_limit_y: {grid[1]}',
-      f'  block_dim_limit_z: {grid[2]}',
-      f'  memory_bandwidth: {bandwidth}',
-      f"  l2_cache_size: {props['l2CacheSize']}",
-      f'  clock_rate_ghz: {clock_khz / 1e6:g}',
-      f"  device_memory_size: {props['totalGlobalMem']}",
-      f"  shared_memory_per_block_optin: {props['sharedMemPerBlockOptin']}",
-      f"  cuda_compute_capability {{ major: {props['major']} minor: {props['minor']} }}",
-      f"  registers_per_core_limit: {props['regsPerMultiprocessor']}",
-      f"  registers_per_block_limit: {props['regsPerBlock']}",
-      '}', 'platform_name: "CUDA"',
-      f'dnn_version_info {{ major: {dnn[0]} minor: {dnn[1]} }}',
-      f'runtime_version {{ major: {runtime[0]} minor: {runtime[1]} }}',
-      f'device_description_str: "{name}"', ''])
-
-
-def write_attached_gpu_target(path: str) -> None:
-  """The attached GPU's target config (`target_config`), read through cupy and jax's CUDA
-  version helpers, into `path`."""
-  import cupy  # on GPU machines only
-  from jax._src.lib import cuda_versions  # the CUDA plugin's version helpers
-  if cuda_versions is None:
-    raise RuntimeError('jax has no CUDA plugin')
-  rt = cupy.cuda.runtime
-  props = rt.getDeviceProperties(0)
-  name = props['name'].decode() if isinstance(props['name'], bytes) else props['name']
-  dnn, cuda = cuda_versions.cudnn_get_version(), cuda_versions.cuda_runtime_get_version()
-  text = gpu_target_config_of(props, rt.deviceGetAttribute(_CLOCK_KHZ, 0),
-                              rt.deviceGetAttribute(_MEMORY_CLOCK_KHZ, 0),
-                              rt.deviceGetAttribute(_BUS_BITS, 0),
-                              (dnn // 10000, dnn // 100 % 100), (cuda // 1000, cuda // 10 % 100),
-                              name)
-  with open(path, 'w') as f:
-    f.write(text)
-
-
 def topology_devices(name: str) -> tuple[list, Chip]:
   """The devices (one per chip) of a TPU slice such as 'v5e:4x4' or of GPU hosts such as
   'h100:8x8' (8 hosts of 8 GPUs; 'h100:8' is one host), and the chip's figures.
@@ -151,7 +85,7 @@ def _gpu_devices(kind: str, hosts: int, gpus: int) -> list:
     raise UserError(f'--topology={kind}:{hosts}x{gpus} needs at least one host and one GPU '
                     f'(examples: {TOPOLOGY_EXAMPLES})')
   try:
-    topology = topologies.get_topology_desc(platform='cuda', target_config=gpu_target_config(kind),
+    topology = topologies.get_topology_desc(platform='cuda', target_config=gpu_target.config(kind),
                                             topology=f'1x{hosts}x{gpus}')
   except Exception as e:  # noqa: BLE001 -- a missing plugin is NotImplementedError or RuntimeError
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
