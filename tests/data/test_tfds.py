@@ -71,3 +71,30 @@ def test_a_process_share_is_encoded_once_then_mapped(tmp_path):
     ident = tfds_data.split_identity(c.data, 'train', 8, (1, 4))[0]
   assert len(fewer.index) < len(first.index) and len(list(directory.iterdir())) == 2
   assert ident['tfds'] == 'wmt14_translate/de-en/1.0.0' and ident['shard'] == [1, 4]
+
+
+def test_a_share_is_read_and_encoded_a_chunk_at_a_time(tmp_path, monkeypatch):
+  """Encoding a tfds share into the cache never holds its text whole: the share is read in
+  chunks (data/cache.py's CHUNK examples), with the same pairs and counts as a whole read."""
+  from transformer_nmt.data import cache
+  from transformer_nmt.data import corpus as corpus_lib
+  c = tfds_config(max_train_examples=15)
+  monkeypatch.setattr(cache, 'CHUNK', 4)
+  with tfds.testing.mock_data(num_examples=16):
+    whole = tfds_data.read_split(c.data, 'train', 15, (0, 1))
+    chunks = list(tfds_data.read_chunks(c.data, 'train', 15, (0, 1), size=4))
+    corpus = corpus_lib.read_corpus(c.data, tmp_path)
+    toks = corpus_lib.tokenizers(c.data, corpus, tmp_path)  # trained on the text read whole
+    read_whole = corpus_lib.encode_train(c.data, corpus, *toks, tmp_path / 'a')
+    streamed_corpus = corpus_lib.read_corpus(c.data, tmp_path)
+    streamed_corpus.read_train = lambda: pytest.fail('the training split was read whole')
+    streamed = corpus_lib.encode_train(c.data, streamed_corpus, *toks, tmp_path / 'b')
+  assert [len(src) for src, _, _ in chunks][:3] == [4, 4, 4] and len(chunks) == 4
+  assert sum((src for src, _, _ in chunks), []) == whole[0]
+  assert sum((tgt for _, tgt, _ in chunks), []) == whole[1]
+  assert sum(s.lines for _, _, s in chunks) == whole[2].lines == 15
+  assert [x.tolist() for x in streamed.src] == [x.tolist() for x in read_whole.src]
+  assert [x.tolist() for x in streamed.tgt] == [x.tolist() for x in read_whole.tgt]
+  assert streamed.index.tolist() == read_whole.index.tolist()
+  assert (streamed.stats.lines, streamed.stats.kept, streamed.stats.empty) == (
+      read_whole.stats.lines, read_whole.stats.kept, read_whole.stats.empty)

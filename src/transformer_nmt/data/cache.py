@@ -26,7 +26,7 @@ import pathlib
 import shutil
 import tempfile
 import zlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -138,16 +138,29 @@ def encode(src_lines: Sequence[str], tgt_lines: Sequence[str], stats: data_lib.R
            segment: Segmenter = canonical) -> Encoded:
   """Encodes the pairs CHUNK at a time, dropping (and counting) those over max_len tokens:
   Python's id lists exist for one chunk at a time (WMT14's 4.5M pairs at once: ~10 GB)."""
-  stats = dataclasses.replace(stats, too_long=0)
+  chunks = ((src_lines[start:start + CHUNK], tgt_lines[start:start + CHUNK])
+            for start in range(0, len(src_lines), CHUNK))
+  return encode_chunks(chunks, dataclasses.replace(stats), src_tok, tgt_tok, max_len, segment)
+
+
+def encode_chunks(chunks: Iterable[tuple[Sequence[str], Sequence[str]]],
+                  stats: data_lib.ReadStats, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                  max_len: int, segment: Segmenter = canonical) -> Encoded:
+  """`encode` of pairs that arrive in chunks (e.g. read from tfds a chunk at a time, so that
+  the text is never held whole); chunk k is segmented with `segment(..., k)`. `stats` is
+  the read's, updated in place (pairs over max_len, pairs kept): a reader that counts as it
+  goes may fill in the rest while the chunks are consumed."""
+  stats.too_long = 0
   sides: dict[str, list[Ragged]] = {'src': [], 'tgt': []}
-  index = []
-  for chunk, start in enumerate(range(0, len(src_lines), CHUNK)):
-    ids = [segment(tok, lines[start:start + CHUNK], side, chunk)
+  index, start = [], 0
+  for chunk, (src_lines, tgt_lines) in enumerate(chunks):
+    ids = [segment(tok, lines, side, chunk)
            for tok, lines, side in ((src_tok, src_lines, 'src'), (tgt_tok, tgt_lines, 'tgt'))]
     part = data_lib.parallel_ids(*ids, src_tok, tgt_tok, max_len=max_len, stats=stats)
     sides['src'].append(_narrow(part.src, src_tok))
     sides['tgt'].append(_narrow(part.tgt, tgt_tok))
     index.append(part.index + start)
+    start += len(src_lines)
   index_all = np.concatenate(index) if index else np.zeros(0, np.int64)
   stats.kept = len(index_all)
   return Encoded(concatenate(sides['src']), concatenate(sides['tgt']), index_all, stats)

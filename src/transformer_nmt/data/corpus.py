@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import ml_collections
 import numpy as np
@@ -33,6 +33,8 @@ class Corpus:
   dataset, this process's share and the split's files); empty: no cache.
   `host_sharded`: this process holds only its own share of the training split (tfds with
   several processes), so its batches are its own rows of the global batch.
+  `train_chunks`: the training text a chunk at a time (tfds), so that encoding it into the
+  cache never holds it whole; None: `train` is encoded.
   """
 
   read_train: Callable[[], Lines]
@@ -40,6 +42,7 @@ class Corpus:
   test: Optional[Lines]
   host_sharded: bool = False
   train_files: Callable[[], list[dict]] = list
+  train_chunks: Optional[Callable[[], Iterator[Lines]]] = None
   _train: Optional[Lines] = dataclasses.field(default=None, repr=False)
 
   @property
@@ -111,7 +114,8 @@ def _read_tfds(data_cfg: DataSection) -> Corpus:
       valid=tfds_data.read_split(data_cfg, valid),
       test=tfds_data.read_split(data_cfg, test) if test else None,
       host_sharded=share[1][1] > 1,
-      train_files=lambda: tfds_data.split_identity(cfg, train, *share))
+      train_files=lambda: tfds_data.split_identity(cfg, train, *share),
+      train_chunks=lambda: tfds_data.read_chunks(cfg, train, *share, size=cache.CHUNK))
 
 
 def tokenizers(data_cfg: DataSection, corpus: Corpus,
@@ -182,7 +186,11 @@ def encode_train(data_cfg: DataSection, corpus: Corpus, src_tok: Tokenizer,
   if not files:
     return encode(corpus.train, src_tok, tgt_tok, data_cfg, train=True)
   key = cache.cache_key(files, src_tok, tgt_tok, data_cfg.max_len)
-  encode_text = lambda: cache.encode(*corpus.train, src_tok, tgt_tok, data_cfg.max_len)
+  if corpus.train_chunks is not None and corpus._train is None:  # not read whole before
+    encode_text = lambda: _encode_streamed(corpus.train_chunks(), src_tok, tgt_tok,
+                                           data_cfg.max_len)
+  else:
+    encode_text = lambda: cache.encode(*corpus.train, src_tok, tgt_tok, data_cfg.max_len)
   mine: list[cache.Encoded] = []
   sharding.on_leader(lambda: mine.append(cache.load_or_encode(directory, key, encode_text)))
   found = mine[0] if mine else cache.load_or_encode(directory, key, encode_text)
@@ -190,6 +198,19 @@ def encode_train(data_cfg: DataSection, corpus: Corpus, src_tok: Tokenizer,
                 else data_lib.bucket_boundaries(data_cfg.max_len))
   return data_lib.ParallelData(found.src, found.tgt, found.index, tgt_tok.pad_id, tgt_tok.bos_id,
                                boundaries, dataclasses.replace(found.stats))
+
+
+def _encode_streamed(chunks: Iterator[Lines], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                     max_len: int) -> cache.Encoded:
+  """`cache.encode_chunks` of a reader's chunks, their read counts summed as they pass."""
+  stats = data_lib.ReadStats()
+
+  def counted() -> Iterator[tuple[list[str], list[str]]]:
+    for src, tgt, part in chunks:
+      stats.lines += part.lines
+      stats.empty += part.empty
+      yield src, tgt
+  return cache.encode_chunks(counted(), stats, src_tok, tgt_tok, max_len)
 
 
 def sampled_epochs(text: Callable[[], Lines], src_tok: Tokenizer, tgt_tok: Tokenizer,

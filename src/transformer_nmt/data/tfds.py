@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from typing import Any
+from typing import Any, Iterator
 
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.errors import ConfigError, DataError
@@ -63,24 +63,40 @@ def read_split(data_cfg: Any, split: str, limit: int = 0,
   `limit` > 0 keeps the first `limit` examples. `shard` = (index, count) reads only the
   index-th of `count` contiguous, even shares (random access: nothing else is read).
   """
+  src: list[str] = []
+  tgt: list[str] = []
+  stats = data_lib.ReadStats()
+  for part_src, part_tgt, part in read_chunks(data_cfg, split, limit, shard):
+    src += part_src
+    tgt += part_tgt
+    stats.lines, stats.kept, stats.empty = (stats.lines + part.lines, stats.kept + part.kept,
+                                            stats.empty + part.empty)
+  logging.info('tfds %s[%s] share %d/%d: %d pairs (%d with an empty side skipped)',
+               data_cfg.tfds_name, split, shard[0] + 1, shard[1], stats.kept, stats.empty)
+  return src, tgt, stats
+
+
+def read_chunks(data_cfg: Any, split: str, limit: int = 0, shard: tuple[int, int] = (0, 1),
+                size: int = 50_000
+                ) -> Iterator[tuple[list[str], list[str], data_lib.ReadStats]]:
+  """`read_split`'s share `size` examples at a time, each chunk with its own stats: what
+  encoding it into the cache (data/cache.py) holds as text at once, not the whole share."""
   source = _source(data_cfg, split)
   n = len(source) if not limit else min(limit, len(source))
   index, count = shard
   begin, end = index * n // count, (index + 1) * n // count
-  src, tgt = [], []
-  stats = data_lib.ReadStats(lines=end - begin)
-  for i in range(begin, end):
-    example = source[i]
-    if data_cfg.src_lang not in example or data_cfg.tgt_lang not in example:
-      raise ConfigError(f'{data_cfg.tfds_name} has features {sorted(example)}; set '
-                        'data.src_lang and data.tgt_lang to two of them')
-    s, t = (' '.join(_as_text(example[lang]).split())
-            for lang in (data_cfg.src_lang, data_cfg.tgt_lang))
-    if s and t:
-      src.append(s)
-      tgt.append(t)
-  stats.kept = len(src)
-  stats.empty = stats.lines - len(src)
-  logging.info('tfds %s[%s] share %d/%d: %d pairs (%d with an empty side skipped)',
-               data_cfg.tfds_name, split, index + 1, count, stats.kept, stats.empty)
-  return src, tgt, stats
+  for start in range(begin, end, size):
+    src, tgt = [], []
+    stop = min(start + size, end)
+    for i in range(start, stop):
+      example = source[i]
+      if data_cfg.src_lang not in example or data_cfg.tgt_lang not in example:
+        raise ConfigError(f'{data_cfg.tfds_name} has features {sorted(example)}; set '
+                          'data.src_lang and data.tgt_lang to two of them')
+      s, t = (' '.join(_as_text(example[lang]).split())
+              for lang in (data_cfg.src_lang, data_cfg.tgt_lang))
+      if s and t:
+        src.append(s)
+        tgt.append(t)
+    yield src, tgt, data_lib.ReadStats(lines=stop - start, kept=len(src),
+                                       empty=stop - start - len(src))
