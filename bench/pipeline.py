@@ -17,6 +17,9 @@ Printed, in this order:
   each epoch's plan (every host plans the whole global batch) amortised over its batches;
 - subword sampling (data.spm_alpha): the seconds to segment the epoch anew, which every host
   spends once per epoch, amortised over the epoch's batches;
+- the feeders (4 hosts, bucketed): batches handed to a loop whose step takes --step_ms, by
+  data.prefetch's thread against grain's mp_prefetch with one worker process (grain installed;
+  not a requirement), in ms per batch and the share of the loop's time spent waiting;
 - with --train_steps: the share of step time train.py's loop waited for data (data_wait in
   metrics.jsonl) on configs/small.py (Multi30k), bucketed and packed, subword sampling on.
 """
@@ -47,6 +50,7 @@ _PACK = flags.DEFINE_integer('pack_length', 128, 'Row length of the packed batch
 _HOSTS = flags.DEFINE_list('hosts', ['1', '2', '4', '8', '16'], 'Simulated process counts.')
 _BATCHES = flags.DEFINE_integer('batches', 40, 'Timed batches per setting.')
 _ALPHA = flags.DEFINE_float('spm_alpha', 0.1, 'Subword sampling (BPE-dropout) probability.')
+_STEP_MS = flags.DEFINE_float('step_ms', 2.0, 'Simulated step time for the feeders.')
 _TRAIN_STEPS = flags.DEFINE_integer('train_steps', 0, 'train.py steps per data_wait run (0: none).')
 _TRAIN_PAIRS = flags.DEFINE_integer('train_pairs', 3000, 'Multi30k pairs of the data_wait runs '
                                     '(a few epochs in --train_steps steps).')
@@ -110,6 +114,44 @@ def build_rate(data, count: int, pack_length: int) -> dict:
   seconds = (time.perf_counter() - t0) / _BATCHES.value
   tokens = sum(int(np.count_nonzero(b['tgt_segments'])) for b in built)
   return {'ms': 1e3 * seconds, 'tokens_per_s': tokens / _BATCHES.value / seconds}
+
+
+def feeders(data, count: int = 4) -> dict[str, dict]:
+  """Host 0 of `count`'s bucketed shares consumed by a loop whose step sleeps --step_ms:
+  ms per batch and waiting share, through the prefetch thread and grain's mp_prefetch."""
+  import numpy as np
+
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.data.prefetch import Prefetcher
+  plans = data_lib.plan_batches(data.lengths, data.boundaries, _TOKENS.value,
+                                np.random.default_rng([0, 0]), count)[:_BATCHES.value + 4]
+
+  def share(i: int) -> dict:
+    item = plans[i]
+    rows = item.rows // count
+    return data_lib.collate(data, data_lib.BatchPlan(item.examples[:rows], rows, item.length))
+
+  def consume(batches) -> dict:
+    next(batches)  # started (a worker process, a thread) and one batch
+    waited, t0 = 0.0, time.perf_counter()
+    for _ in range(_BATCHES.value):
+      w0 = time.perf_counter()
+      next(batches)
+      waited += time.perf_counter() - w0
+      time.sleep(_STEP_MS.value / 1e3)
+    total = time.perf_counter() - t0
+    return {'ms': 1e3 * total / _BATCHES.value, 'wait': waited / total}
+  out = {}
+  with Prefetcher(iter(map(share, range(len(plans)))), depth=4) as thread:
+    out['thread (data.prefetch 4)'] = consume(thread)
+  try:
+    import grain
+  except ImportError:
+    return out
+  grained = grain.MapDataset.range(len(plans)).map(share).to_iter_dataset().mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=1))
+  out['grain mp_prefetch, 1 worker'] = consume(iter(grained))
+  return out
 
 
 def epoch_plan(data, pack_length: int) -> tuple[int, float]:
@@ -208,6 +250,10 @@ def run(directory: pathlib.Path) -> None:
       print(f'| {"packed " + str(pack_length) if pack_length else "bucketed"} | {count} | {rows} '
             f'| {r["ms"]:.2f} | {r["tokens_per_s"] / 1e6:.2f}M | {plan_s:.2f} | '
             f'{amortised:.2f} | {amortised + 1e3 * sampled / per_epoch:.2f} |')
+  print(f'\n| feeder (4 hosts, bucketed, step {_STEP_MS.value:g} ms) | ms per batch | loop '
+        'waiting |\n| --- | --- | --- |')
+  for name, r in feeders(data).items():
+    print(f'| {name} | {r["ms"]:.2f} | {100 * r["wait"]:.1f}% |')
   if _TRAIN_STEPS.value and not (MULTI30K / 'train.en').exists():
     print(f'\ndata_wait runs skipped: {MULTI30K} is not present')
   elif _TRAIN_STEPS.value:
