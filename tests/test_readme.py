@@ -39,3 +39,13 @@ def test_readme_translator_example_runs(tiny_workdir, capsys):
   out = capsys.readouterr().out.splitlines()
   assert out[0].startswith('[') and len(out) >= 3
   assert out[-1].startswith('log P(reference) = -') and out[-1].endswith(' subwords')
+
+
+def test_every_relative_link_of_the_docs_resolves():
+  broken = []
+  for page in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]:
+    for target in re.findall(r'\]\(([^)\s]+)\)', page.read_text()):
+      if not re.match(r'^(https?:|#|mailto:)', target) and \
+          not (page.parent / target.split('#')[0]).exists():
+        broken.append(f'{page.name}: {target}')
+  assert broken == []
