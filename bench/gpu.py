@@ -63,6 +63,8 @@ try:
 except Exception as e:  # noqa: BLE001 -- a CPU has none; the report says why
   print(f'no target config: {type(e).__name__}: {e}'.splitlines()[0])
 '''
+
+
 class Run:
   """The results so far, the deadline, and the files in --out."""
 
@@ -186,17 +188,9 @@ def recipe(run: Run, seed: int) -> None:
 
 def final_metrics(path: pathlib.Path) -> dict:
   """The last evaluation's figures and the train wall time from a run's metrics.jsonl."""
-  rows = []
-  if path.exists():
-    for line in path.read_text(errors='replace').splitlines():
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(row, dict):
-        rows.append(row)
+  from transformer_nmt.metrics import read_metrics
   figures: dict = {}
-  for row in rows:
+  for row in read_metrics(path):
     for key in ('step', 'wall_s', 'eval_bleu', 'valid_bleu', 'test_bleu', 'eval_nll'):
       if key in row:
         figures[key] = row[key]
