@@ -5,17 +5,14 @@ otherwise fold the bfloat16 round trip away and gather float32), aot_compile.py 
 Tiny shapes on 2 and 8 GPUs."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
 
 pytest.importorskip('jax_plugins.xla_cuda12',
                     reason='needs the CUDA plugin: pip install -r requirements-dev.txt')
 
-from test_aot import D_MODEL, LENGTH, ROWS, VOCAB, _activation_like, _config, _param_shapes  # noqa: E402,I001
+from test_aot import (  # noqa: E402,I001
+    D_MODEL, LENGTH, ROWS, VOCAB, _activation_like, _aot, _config, _param_shapes)
 
 from transformer_nmt import aot, gpu_target  # noqa: E402
 from transformer_nmt.errors import UserError  # noqa: E402
@@ -69,12 +66,6 @@ def test_missing_cuda_plugin_is_one_line(monkeypatch):
   monkeypatch.setattr(topologies, 'get_topology_desc', missing)
   with pytest.raises(UserError, match=r'h100:8 needs the CUDA plugin .*jax-cuda12-plugin=='):
     aot.topology_devices('h100:8')
-
-
-def _aot(*flags: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, 'aot_compile.py', '--config', 'configs/tiny.py',
-                         *flags], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, JAX_PLATFORMS='cpu'))
 
 
 def test_aot_compile_gpu_report():

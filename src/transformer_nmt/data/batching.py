@@ -317,12 +317,12 @@ def _collate(data: ParallelData, examples: np.ndarray, row_of: np.ndarray, segme
             'tgt_positions')}
   for key in ('src', 'tgt_in', 'tgt_out'):
     batch[key].fill(data.pad_id)
+  row_first = np.searchsorted(row_of, row_of)  # index of the first example of each one's row
   for side, ragged in (('src', data.src), ('tgt', data.tgt)):
     starts = ragged.offsets[examples]
     lengths = ragged.offsets[examples + 1] - starts  # not ragged.lengths: O(corpus) per call
     ends = np.cumsum(lengths)
     # first column of each example: tokens before it, less those of earlier rows
-    row_first = np.searchsorted(row_of, row_of)  # index of the first example of each one's row
     column = (ends - lengths) - (ends - lengths)[row_first]
     example, position = token_positions(lengths)  # [T] each token's example and position
     source = starts[example] + position  # [T] index into ragged.ids
