@@ -30,7 +30,7 @@ def run() -> None:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
 
-  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.inference import load_workdir
   from transformer_nmt.export import export
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):

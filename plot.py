@@ -34,13 +34,12 @@ def run() -> None:
   out = pathlib.Path(_OUT.value) if _OUT.value else Workdir(workdir).plots
   paths = [plots.plot_learning_curves(rows, out / 'curves.png', title=workdir.name)]
   if _INPUT.value:
-    from transformer_nmt.decoding.translator import Translator, load_workdir
+    from transformer_nmt.inference import Engine, load_workdir
     model = load_workdir(workdir)
     lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
     beam = model.decode.beam_size if _BEAM.value is None else _BEAM.value
     decode = dataclasses.replace(model.decode, beam_size=beam).validate()
-    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, decode)
-    hyps = translator.translate_lines(model.params, lines)
+    hyps = Engine(model, decode).translate(lines)
     paths += plots.plot_cross_attention(model, lines, hyps, out, _SENTENCES.value)
   for path in paths:
     print(f'wrote {path}', file=sys.stderr)

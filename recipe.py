@@ -94,10 +94,10 @@ def run(alphas: list[float]) -> None:
              default=None)
 
   t0 = time.time()
-  selection, translator = _select(config, workdir, valid, alphas)
+  selection, engine = _select(config, workdir, valid, alphas)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
-    s = report.score(translator, model, sources, refs)
+    s = report.score(engine, sources, refs)
     logging.info('%s: sacreBLEU %.2f  chrF %.2f  [%s]', name, s.bleu, s.chrf, s.signature)
     out = Workdir(workdir).hypotheses(name)
     out.parent.mkdir(exist_ok=True)

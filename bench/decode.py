@@ -22,6 +22,7 @@ import shlex
 import sys
 import time
 
+import decoders  # bench/decoders.py, beside this file
 import numpy as np
 from absl import app, flags
 
@@ -48,7 +49,7 @@ _CT2 = flags.DEFINE_bool('ctranslate2', False, 'Also run the model exported to C
 _CT2_TYPES = flags.DEFINE_list('ct2_compute_types', ['float32', 'int8'],
                                'CTranslate2 compute types to run (float32 = the same arithmetic '
                                'as ours; int8 = its fastest on CPU); TYPE/N runs N batches at '
-                               'once (inter_threads), as our Translator does on a CPU.')
+                               'once (inter_threads), as our engine does on a CPU.')
 _CT2_DEVICE = flags.DEFINE_enum('ct2_device', 'cpu', ['cpu', 'cuda', 'auto'],
                                 'Where CTranslate2 runs (auto: cuda when it sees a GPU).')
 _REPEATS = flags.DEFINE_integer('repeats', 1, 'Rounds of timed passes (variants alternating); '
@@ -56,7 +57,7 @@ _REPEATS = flags.DEFINE_integer('repeats', 1, 'Rounds of timed passes (variants 
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/decode.py section.')
 
-VARIANTS = {  # name -> Translator options that differ from the default (plus the compute dtype)
+VARIANTS = {  # name -> options that differ from the default: decode.*, Engine, dtype, decoders
     'cached': {},
     'cached (stop at K finished)': dict(beam_stop='k_finished'),
     'cached (4-best kept)': dict(n_best=4),
@@ -69,34 +70,43 @@ VARIANTS = {  # name -> Translator options that differ from the default (plus th
     'one loop per batch': dict(compact=False, chunk=8),
     'one loop + full-length cache': dict(compact=False, chunk=8, grow_cache=False),
     'one full-length scan': dict(compact=False, grow_cache=False, chunk=10**6),
-    'no cross-K/V reuse': dict(cache_mode='no_cross_reuse', chunk=8),
-    'uncached (prefix recomputed)': dict(cache_mode='uncached', chunk=8, grow_cache=False),
+    'no cross-K/V reuse': dict(compact=False, decoder='no_cross_reuse', chunk=8),
+    'uncached (prefix recomputed)': dict(compact=False, decoder='uncached', chunk=8,
+                                         grow_cache=False),
 }
 
 
 def measure(model, rows, beam, options):
   """(first-pass seconds incl. compilation, a timed pass: () -> (seconds, output id rows)) for
-  one variant."""
+  one variant: the engine, or for a `decoder` or `grow_cache` variant bench/decoders.py's
+  one loop per batch."""
   import dataclasses
 
   from transformer_nmt.config import DecodeConfig
-  from transformer_nmt.decoding.translator import Translator
+  from transformer_nmt.decoding import ensemble
+  from transformer_nmt.inference import Engine
   options = dict(options)
   cfg = dataclasses.replace(model.cfg, dtype=options.pop('dtype', model.cfg.dtype))
-  runtime = {k: options.pop(k) for k in ('cache_mode', 'grow_cache', 'n_best',
-                                          'concurrent_batches') if k in options}
+  runtime = {k: options.pop(k) for k in ('n_best', 'concurrent_batches') if k in options}
+  variant = {k: options.pop(k) for k in ('decoder', 'grow_cache') if k in options}
   decode = DecodeConfig(beam_size=beam, max_extra_len=_MAX_EXTRA.value,
                         tokens_per_batch=_BATCH_TOKENS.value, **options)
-  translator = Translator(cfg, model.src_tok, model.tgt_tok, decode, **runtime)
+  engine = Engine(dataclasses.replace(model, cfg=cfg), decode, **runtime)
+  if variant:
+    params = ensemble.kernels_as_computed(cfg, model.params)
+    run = lambda: decoders.translate_rows(cfg, params, engine.spec, rows,  # noqa: E731
+                                          pad_id=model.src_tok.pad_id, **variant)
+  else:
+    run = lambda: engine.translate_ids(rows)  # noqa: E731
   t0 = time.perf_counter()
-  translator.translate_ids(model.params, rows)  # a first pass compiles every batch shape
+  run()  # a first pass compiles every batch shape
   first = time.perf_counter() - t0
-  return first, lambda: timed(lambda: translator.translate_ids(model.params, rows))
+  return first, lambda: timed(run)
 
 
 def timed(run):
-  """(seconds, result) of one call of `run`; the Translator keeps its cast of the kernels
-  (as_computed), so a pass after the first converts nothing."""
+  """(seconds, result) of one call of `run`; the engine keeps its cast of the kernels
+  (params_as_computed), so a pass after the first converts nothing."""
   t0 = time.perf_counter()
   result = run()
   return time.perf_counter() - t0, result
@@ -160,7 +170,7 @@ def main(argv):
   import tempfile
 
   from transformer_nmt.data import batching as data_lib
-  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.inference import load_workdir
   if _REPEATS.value < 1:
     raise app.UsageError(f'--repeats={_REPEATS.value} must be at least 1')
   model = load_workdir(_WORKDIR.value)

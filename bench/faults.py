@@ -159,7 +159,7 @@ ONE_SHOT = {'checkpoints that are a file': checkpoints_file,
 
 
 def final_params(workdir: pathlib.Path):
-  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.inference import load_workdir
   return load_workdir(workdir).params
 
 

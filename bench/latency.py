@@ -129,8 +129,8 @@ def programs(stderr: str) -> str:
 def main(argv):
   del argv
   from transformer_nmt.data import batching as data_lib
-  from transformer_nmt.decoding.translator import load_workdir
   from transformer_nmt.export import export
+  from transformer_nmt.inference import load_workdir
   from transformer_nmt.workdir import Workdir
   workdir = pathlib.Path(_WORKDIR.value)
   model = load_workdir(workdir)

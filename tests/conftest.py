@@ -24,7 +24,7 @@ COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cach
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 
 
-# The key that signs stored programs (decoding/programs.py) lives in the user's config
+# The key that signs stored programs (inference/programs.py) lives in the user's config
 # directory: the suite keeps its own rather than writing to the home directory.
 if 'XDG_CONFIG_HOME' not in os.environ:
   os.environ['XDG_CONFIG_HOME'] = tempfile.mkdtemp(prefix='transformer_nmt_tests_config_')
@@ -69,7 +69,7 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope='module')
 def loaded(tiny_workdir):
   """The tiny trained workdir's model, tokenizers and settings (decoding tests)."""
-  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.inference import load_workdir
   return load_workdir(tiny_workdir)
 
 

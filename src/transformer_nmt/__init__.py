@@ -7,18 +7,20 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   model:     ModelConfig, Transformer, init_params, count_params
   training:  smoothed_cross_entropy, rsqrt_warmup, make_optimizer, create_train_state,
              train_step, eval_step
-  decoding:  greedy_search, beam_search, length_penalty, translate, translate_greedy
-  a trained workdir: load_workdir, Translator (translate_lines, n-best hypotheses with scores,
-             score of given translations), Hypothesis, DecodeConfig, Scorer
+  decoding:  SearchSpec, greedy_search, beam_search, length_penalty, translate,
+             translate_greedy, Scorer
+  a trained workdir: Engine (load, translate, n-best hypotheses with scores, score of given
+             translations), Hypothesis, load_workdir, DecodeConfig
 """
 
 from transformer_nmt.config import DecodeConfig, ModelConfig, model_config_from_dict
 from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import greedy_search
+from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import translate, translate_greedy
-from transformer_nmt.decoding.translator import Hypothesis, Translator, load_workdir
 from transformer_nmt.errors import ConfigError, DataError, UserError
+from transformer_nmt.inference import Engine, Hypothesis, load_workdir
 from transformer_nmt.model.attention import (
                                        KVCache,
                                        MultiHeadAttention,
@@ -35,8 +37,8 @@ from transformer_nmt.training.state import TrainState, create_train_state, make_
 from transformer_nmt.training.steps import eval_step, train_step
 
 __all__ = [
-    'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Hypothesis', 'KVCache',
-    'ModelConfig', 'MultiHeadAttention', 'Scorer', 'TrainState', 'Transformer', 'Translator',
+    'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Engine', 'Hypothesis', 'KVCache',
+    'ModelConfig', 'MultiHeadAttention', 'Scorer', 'SearchSpec', 'TrainState', 'Transformer',
     'UserError', 'attention_weights', 'beam_search', 'causal_mask', 'count_params',
     'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search', 'init_params',
     'length_penalty', 'load_workdir', 'make_optimizer', 'model_config_from_dict', 'padding_mask',

@@ -15,8 +15,8 @@ import jax
 
 from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import DecodeConfig
-from transformer_nmt.decoding.translator import LoadedModel, Translator, load_workdir
 from transformer_nmt.files import write_atomically
+from transformer_nmt.inference import Engine, LoadedModel, load_workdir
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
 from transformer_nmt.workdir import Workdir
 
@@ -34,10 +34,9 @@ class Scored:
   hypotheses: list[str]
 
 
-def score(translator: Translator, model: LoadedModel, sources: Sequence[str],
-          references: Sequence[str]) -> Scored:
+def score(engine: Engine, sources: Sequence[str], references: Sequence[str]) -> Scored:
   """Translates `sources` and scores them (cased, detokenised) against `references`."""
-  hyps = translator.translate_lines(model.params, sources)
+  hyps = engine.translate(sources)
   bleu, signature = corpus_bleu(hyps, references)
   chrf, chrf_signature = corpus_chrf(hyps, references)
   return Scored(bleu, chrf, signature, chrf_signature, hyps)
@@ -85,7 +84,7 @@ def checkpoint_candidates(workdir: str | os.PathLike,
 def select(workdir: str | os.PathLike, sources: Sequence[str], references: Sequence[str], *,
            decode: DecodeConfig, alphas: Sequence[float], average_last: int,
            log: Log, programs: Optional[str | os.PathLike] = None, mbr: Sequence[str] = ()
-           ) -> tuple[Selection, Translator]:
+           ) -> tuple[Selection, Engine]:
   """Chooses on validation data only: first the checkpoint (greedy BLEU, which is cheap), then
   the length penalty alpha for beam search of `decode.beam_size` on that checkpoint, then
   whether the minimum Bayes risk choice with a utility in `mbr` (decode.mbr) does better at
@@ -95,46 +94,46 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   workdir's own section, they are the ones decode.py calls by default, so that its first run
   need not compile them.
 
-  Returns the selection and a translator with the chosen search settings.
+  Returns the selection and an engine of the chosen model and search settings.
   """
   table: list[tuple[str, str, float]] = []
   beam_size = decode.beam_size
-  greedy: Optional[Translator] = None  # compiled once, shared by every candidate
+  greedy: Optional[Engine] = None  # compiled once, shared by every candidate
   best: Optional[tuple[float, str, LoadedModel]] = None
   for label, load in checkpoint_candidates(workdir, average_last):
     model = load()
-    greedy = greedy or Translator(model.cfg, model.src_tok, model.tgt_tok,
-                                  dataclasses.replace(decode, beam_size=1, temperature=0.0))
-    bleu = score(greedy, model, sources, references).bleu
+    greedy = greedy.using(model.params) if greedy else Engine(
+        model, dataclasses.replace(decode, beam_size=1, temperature=0.0))
+    bleu = score(greedy, sources, references).bleu
     log(f'validation: {label} (steps {model.steps}), greedy: BLEU {bleu:.2f}')
     table.append((label, 'greedy', bleu))
     if best is None or bleu > best[0]:
       best = (bleu, label, model)
   assert best is not None and greedy is not None  # load_workdir raises without checkpoints
   greedy_bleu, label, model = best
-  chosen: tuple[float, Optional[DecodeConfig], Translator] = (greedy_bleu, None, greedy)
+  chosen: tuple[float, Optional[DecodeConfig], Engine] = (greedy_bleu, None,
+                                                          greedy.using(model.params))
 
   def trial(search: DecodeConfig) -> float:
     nonlocal chosen
-    translator = Translator(model.cfg, model.src_tok, model.tgt_tok, search,
-                            programs=programs if (search.alpha, search.mbr) == (
-                                decode.alpha, decode.mbr) else None)
-    bleu = score(translator, model, sources, references).bleu
+    engine = Engine(model, search, programs=programs if (search.alpha, search.mbr) == (
+        decode.alpha, decode.mbr) else None)
+    bleu = score(engine, sources, references).bleu
     name = f'beam {beam_size}, alpha {search.alpha}' + (
         f', MBR {search.mbr}' if search.mbr != 'off' else '')
     log(f'validation: {label}, {name}: BLEU {bleu:.2f}')
     table.append((label, name, bleu))
     if bleu > chosen[0]:
-      chosen = (bleu, search, translator)
+      chosen = (bleu, search, engine)
     return bleu
 
   beams = [dataclasses.replace(decode, alpha=a, temperature=0.0, mbr='off') for a in alphas]
   scores = [trial(search) for search in beams]
   for utility in mbr if beams else ():
     trial(dataclasses.replace(beams[scores.index(max(scores))], mbr=utility))
-  bleu, search, translator = chosen
+  bleu, search, engine = chosen
   k, alpha, how = (1, 0.0, 'off') if search is None else (beam_size, search.alpha, search.mbr)
-  return Selection(model, label, k, alpha, how, bleu, len(sources), table), translator
+  return Selection(model, label, k, alpha, how, bleu, len(sources), table), engine
 
 
 def selection_json(selection: Selection, tests: Sequence[tuple[str, Scored]]) -> str:

@@ -106,7 +106,7 @@ def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   so does recipe.py's 'best' candidate."""
   import shutil
 
-  from transformer_nmt.decoding.translator import load_workdir
+  from transformer_nmt.inference import load_workdir
   from transformer_nmt.results import checkpoint_candidates
   workdir = tmp_path / 'run'
   _run(workdir, 4, 0.5)

@@ -18,7 +18,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.config import BEAM_STOPS, DECODE
+from transformer_nmt.config import DECODE
 from transformer_nmt.decoding.search import (
   BeamCache,
   LogitsFn,
@@ -28,6 +28,7 @@ from transformer_nmt.decoding.search import (
   decode_loop,
   padded_length,
 )
+from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.topk import top_k
 from transformer_nmt.model.attention import NEG_INF
 
@@ -94,8 +95,6 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
   return BeamState(jnp.int32(0), seqs, logprobs, finished, scores,
                    cache if one_beam else tile_beams(cache, beam_size), prefix)
 
-
-STOPS = BEAM_STOPS
 
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
@@ -207,53 +206,46 @@ def result(s: BeamState, eos_id: int, pad_id: int, n_best: int = 1) -> jax.Array
   return jnp.where(after_eos, pad_id, ids)
 
 
-def beam(*, beam_size: int, alpha: float, bos_id: int, eos_id: int, pad_id: int, length: int,
-         stop: str = DECODE.beam_stop, n_best: int = 1, min_len: int = DECODE.min_len,
-         no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
+def beam(spec: SearchSpec, length: int) -> Search:
   """Beam search as a `decoding.Search` over outputs of `length` positions (see
-  `beam_search`); its `init` tiles the cache to K beams. With `n_best` > 1 (at most K) its
-  result is [B, N, L] (see `result`)."""
-  if stop not in STOPS:
-    raise ValueError(f'beam stop={stop!r}; expected one of {STOPS}')
-  if not 1 <= n_best <= beam_size:
-    raise ValueError(f'n_best={n_best} must be between 1 and the beam size {beam_size}')
+  `beam_search`): K = spec.decode.beam_size, its length penalty, stopping rule and output
+  controls; its `init` tiles the cache to K beams. With `spec.n_best` > 1 its result is
+  [B, N, L] (see `result`)."""
+  d, k = spec.decode, spec.decode.beam_size
   return Search(
-      beam_size,
-      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], beam_size,
-                                                      length, pad_id, prefix),
-      lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=alpha, bos_id=bos_id,
-                                          eos_id=eos_id, stop=stop, min_len=min_len,
-                                          no_repeat_ngram=no_repeat_ngram),
-      lambda s, max_lens: rows_done(s, max_lens, alpha, stop),
-      lambda s: result(s, eos_id, pad_id, n_best),
-      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], beam_size,
-                                                      length, pad_id, prefix, one_beam=True))
+      k,
+      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,
+                                                      spec.pad_id, prefix),
+      lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=d.alpha,
+                                          bos_id=spec.bos_id, eos_id=spec.eos_id,
+                                          stop=d.beam_stop, min_len=d.min_len,
+                                          no_repeat_ngram=d.no_repeat_ngram),
+      lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
+      lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
+      lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,
+                                                      spec.pad_id, prefix, one_beam=True))
 
 
-def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, beam_size: int,
-                alpha: float, bos_id: int, eos_id: int, pad_id: int, max_len: int,
-                chunk: int = DECODE.chunk, grow_cache: bool = True,
-                stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
-                no_repeat_ngram: int = DECODE.no_repeat_ngram) -> tuple[jax.Array, jax.Array]:
+def beam_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, spec: SearchSpec, *,
+                max_len: int, grow_cache: bool = True) -> tuple[jax.Array, jax.Array]:
   """Beam search over `logits_fn` (the cache is tiled to K beams here).
 
   Args:
     logits_fn: one decoder step, [N] previous ids -> [N, V] logits (N = B*K).
-    cache: the decoder cache for B rows, sized for `padded_length(max_len, chunk)` steps.
+    cache: the decoder cache for B rows, sized for
+      `padded_length(max_len, spec.decode.chunk)` steps.
     max_lens: [B] per-row output limit in tokens (source length + 50 in the paper).
-    beam_size, alpha: K and the length-penalty exponent (paper: 4 and 0.6).
-    bos_id, eos_id, pad_id: special ids from the tokenizer.
-    max_len: static output length L; chunk: steps per scan between stopping checks.
+    spec: K and the length-penalty exponent (paper: 4 and 0.6), the stopping rule (module
+      docstring), the output controls (search.constrain), the special ids, and
+      `decode.chunk`: steps per scan between stopping checks.
+    max_len: static output length L.
     grow_cache: run over growing caches (see `decoding.decode_loop`).
-    stop: when a row ends, 'bound' or 'k_finished' (module docstring).
-    min_len, no_repeat_ngram: output controls (search.constrain); 0 = off.
 
   Returns:
     ids [B, L] of the best hypothesis (tokens, EOS, then padding) and its score [B].
   """
-  search = beam(beam_size=beam_size, alpha=alpha, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                length=padded_length(max_len, chunk), stop=stop, min_len=min_len,
-                no_repeat_ngram=no_repeat_ngram)
+  chunk = spec.decode.chunk
+  search = beam(spec.with_n_best(1), padded_length(max_len, chunk))
   final = decode_loop(lambda s: search.step(s, logits_fn, max_lens),
                       lambda s: jnp.all(search.rows_done(s, max_lens)),
                       search.init(cache, max_lens), max_len, chunk, grow_cache)

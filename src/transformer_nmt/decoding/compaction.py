@@ -25,8 +25,7 @@ import jax
 import numpy as np
 
 from transformer_nmt.config import DECODE
-from transformer_nmt.decoding.programs import ProgramStore, StoredJit
-from transformer_nmt.decoding.search import LogitsFn, Search, cache_stages
+from transformer_nmt.decoding.search import Jit, LogitsFn, Search, cache_stages, plain_jit
 
 
 def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:
@@ -121,14 +120,15 @@ class CompactingDecoder:
     logits_fn_of: parameters -> the decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`.
     chunk: steps per call; rows are checked and compacted between calls.
     min_rows: never compact below this many rows (small batches cost about the same).
-    store: where compiled programs are kept across runs (programs.py); None: in memory only.
+    jit: compiles its programs (search.plain_jit, or a ProgramStore's, which keeps them
+      across runs).
     host_compaction: gather rows and grow caches in numpy, not in compiled programs; None:
       when every array of the state lives on the default device and that is a CPU.
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
                chunk: int = DECODE.chunk, min_rows: int = 8,
-               store: Optional[ProgramStore] = None, host_compaction: Optional[bool] = None):
+               jit: Jit = plain_jit, host_compaction: Optional[bool] = None):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.host_compaction = host_compaction
     self.chunk, self.min_rows = chunk, min_rows
@@ -138,10 +138,10 @@ class CompactingDecoder:
     # The state is donated: each chunk's state takes the buffers of the one before instead
     # of copying the caches (1000 lines: 1.45 GB peak instead of 1.65 GB, at the same speed;
     # bench/RESULTS.md).
-    self._advance = StoredJit(self._advance_impl, 'advance', store, static_argnums=(3,),
-                              donate_argnums=(1,))
-    self._take = StoredJit(take_rows, 'take', store, static_argnums=(2, 3))
-    self._resize = StoredJit(_resize, 'resize', store, static_argnums=(1,))
+    self._advance = jit(self._advance_impl, 'advance', static_argnums=(3,),
+                        donate_argnums=(1,))
+    self._take = jit(take_rows, 'take', static_argnums=(2, 3))
+    self._resize = jit(_resize, 'resize', static_argnums=(1,))
 
   def cache_lengths(self, length: int) -> list[int]:
     """Self-attention cache lengths the decoding of `length` steps goes through; the caller

@@ -20,7 +20,7 @@ from transformer_nmt.config import DECODE, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
-from transformer_nmt.decoding.programs import ProgramStore, StoredJit
+from transformer_nmt.decoding.search import Jit, plain_jit
 from transformer_nmt.model.transformer import Transformer, last_cross_attention
 
 
@@ -60,15 +60,16 @@ def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Arra
 
 class Scorer:
   """Scores (source, target) id rows in length buckets of about `tokens_per_batch` padded
-  tokens per side; one compile per bucket shape (kept across runs in `store`, if given)."""
+  tokens per side; one compile per bucket shape (`jit`: search.plain_jit, or a
+  ProgramStore's, which keeps them across runs)."""
 
   def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int,
                max_input_len: int = DECODE.max_input_len,
                length_growth: float = DECODE.length_growth,
-               store: Optional[ProgramStore] = None):
+               jit: Jit = plain_jit):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
     self.max_input_len, self.length_growth = max_input_len, length_growth
-    self._scores = StoredJit(functools.partial(token_scores, cfg), 'score', store)
+    self._scores = jit(functools.partial(token_scores, cfg), 'score')
 
   def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
                 tgt_rows: Sequence[np.ndarray]) -> list[Scored]:

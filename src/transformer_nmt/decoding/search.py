@@ -9,7 +9,7 @@ plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import flax
 import jax
@@ -17,9 +17,25 @@ import jax.numpy as jnp
 
 from transformer_nmt.config import DECODE
 from transformer_nmt.decoding import topk
+from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.model.attention import NEG_INF
 
 LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+
+class Jit(Protocol):
+  """How the decoders compile their programs: `jax.jit` with a name for the program
+  (`plain_jit`), or the engine's ProgramStore.jit, which keeps them on disk."""
+
+  def __call__(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
+               donate_argnums: Sequence[int] = ()) -> Callable: ...
+
+
+def plain_jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
+              donate_argnums: Sequence[int] = ()) -> Callable:
+  """`jax.jit`: the programs live as long as the function (`name` is for stores)."""
+  del name
+  return jax.jit(fn, static_argnums=tuple(static_argnums), donate_argnums=tuple(donate_argnums))
 
 
 @runtime_checkable
@@ -208,15 +224,14 @@ class GreedyState:
   prefix: Optional[Prefix] = None
 
 
-def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
-           temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-           rng: Optional[jax.Array] = None, min_len: int = DECODE.min_len,
-           no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
-  """Greedy decoding (temperature 0), or sampling with temperature and optional top-k, into
-  outputs of `length` positions (see `greedy_search`), under the output controls of
-  `constrain`."""
+def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Search:
+  """Greedy decoding, or sampling when `spec.sampling` (temperature, optional top-k; needs
+  `rng`), into outputs of `length` positions (see `greedy_search`), under the output
+  controls of `constrain`."""
+  d, bos_id, eos_id, pad_id = spec.decode, spec.bos_id, spec.eos_id, spec.pad_id
+
   def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
-    if temperature > 0.0 and rng is None:
+    if spec.sampling and rng is None:
       raise ValueError('sampling (temperature > 0) needs an rng')
     batch = max_lens.shape[0]
     return GreedyState(jnp.int32(0), jnp.full((batch, length), pad_id, jnp.int32),
@@ -226,10 +241,10 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
     prev = jnp.where(s.t == 0, bos_id, s.ids[:, jnp.maximum(s.t - 1, 0)])
     logits, cache = logits_fn(prev, s.cache)
     at_limit = s.t + 1 >= max_lens
-    if min_len or no_repeat_ngram:
-      logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=min_len,
-                         no_repeat_ngram=no_repeat_ngram)
-    token = _pick(logits, temperature, top_k, s.rng, s.t)
+    if d.min_len or d.no_repeat_ngram:
+      logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=d.min_len,
+                         no_repeat_ngram=d.no_repeat_ngram)
+    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t)
     if s.prefix is not None:
       forced, given = s.prefix.forced(s.t)
       token = jnp.where(forced, given, token)
@@ -241,31 +256,27 @@ def greedy(*, bos_id: int, eos_id: int, pad_id: int, length: int,
   return Search(1, init, step, lambda s, max_lens: s.done, lambda s: s.ids)
 
 
-def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, *, bos_id: int,
-                  eos_id: int, pad_id: int, max_len: int, chunk: int = DECODE.chunk,
-                  temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-                  rng: Optional[jax.Array] = None, grow_cache: bool = True,
-                  min_len: int = DECODE.min_len,
-                  no_repeat_ngram: int = DECODE.no_repeat_ngram) -> jax.Array:
-  """Greedy decoding (temperature 0), or sampling with temperature and optional top-k.
+def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, spec: SearchSpec, *,
+                  max_len: int, rng: Optional[jax.Array] = None,
+                  grow_cache: bool = True) -> jax.Array:
+  """Greedy decoding, or sampling when `spec.sampling` (research extra).
 
   Args:
     logits_fn: one decoder step, [B] previous ids -> [B, V] logits.
-    cache: the decoder cache for `logits_fn`, sized for `padded_length(max_len, chunk)` steps.
+    cache: the decoder cache for `logits_fn`, sized for
+      `padded_length(max_len, spec.decode.chunk)` steps.
     max_lens: [B] per-row output limit in tokens (EOS is forced there), <= max_len.
-    bos_id, eos_id, pad_id: special ids from the tokenizer.
+    spec: the special ids, `decode.chunk` (steps per `lax.scan` between stopping checks),
+      the sampling settings and the output controls (`constrain`).
     max_len: static length L of the output.
-    chunk: decoding steps per `lax.scan` between early-stopping checks.
+    rng: the sampling key (only when sampling).
     grow_cache: run over growing caches (see `decode_loop`); False keeps the full length.
-    temperature, top_k, rng: sampling settings (research extra); temperature 0 is argmax.
-    min_len, no_repeat_ngram: output controls (`constrain`); 0 = off.
 
   Returns:
     [B, L] ids: each row's tokens, then EOS, then pad_id.
   """
-  search = greedy(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                  length=padded_length(max_len, chunk), temperature=temperature, top_k=top_k,
-                  rng=rng, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+  chunk = spec.decode.chunk
+  search = greedy(spec, padded_length(max_len, chunk), rng)
   return search.run(logits_fn, cache, max_lens, max_len, chunk, grow_cache)
 
 

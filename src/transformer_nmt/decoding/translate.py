@@ -1,101 +1,67 @@
-"""Translate padded source batches with a Transformer: greedy or beam search.
-
-`cache_mode` picks how the decoder step is computed (the last two only for benchmarks):
-  'cached'        self-attention KV cache, cross-attention K/V computed once per batch;
-  'no_cross_reuse' self-attention KV cache, cross-attention K/V recomputed every step;
-  'uncached'      the whole target prefix re-run through the decoder every step.
+"""Translate padded source batches with a Transformer (one model or an ensemble): greedy or
+beam search over the cached decoder (self-attention K/V cache, cross-attention K/V computed
+once per batch), as one jitted loop (`translate`) or driven from the host with finished
+sentences dropped (`CompactingTranslate`, what the engine runs). The decoder variants that
+only benchmarks measure (no cache, no cross-attention reuse) live in bench/decoders.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import DECODE, ModelConfig
+from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
 from transformer_nmt.decoding.ensemble import Models
-from transformer_nmt.decoding.programs import ProgramStore, StoredJit
-from transformer_nmt.decoding.search import LogitsFn, Prefix, Search, greedy, padded_length
-from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.decoding.search import (
+  Jit,
+  LogitsFn,
+  Prefix,
+  Search,
+  greedy,
+  padded_length,
+  plain_jit,
+)
+from transformer_nmt.decoding.spec import SearchSpec
 
-CACHE_MODES = ('cached', 'no_cross_reuse', 'uncached')
-
-
-@flax.struct.dataclass
-class PrefixState:
-  """For 'uncached' decoding: encoder output and the target prefix so far ([B, L] ids)."""
-
-  memory: jax.Array
-  src_segments: jax.Array
-  prefix: jax.Array
-  t: jax.Array
+# (cfg, params, src [B, S], src_segments [B, S], cache length) -> (logits_fn, initial cache)
+Decoder = Callable[[Models, Any, jax.Array, jax.Array, int], tuple[LogitsFn, Any]]
 
 
-def _decoder(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array, length: int,
-             cache_mode: str) -> tuple[LogitsFn, Any]:
-  """(logits_fn, initial cache) for one decoder variant; the cache holds `length` positions."""
-  if cache_mode == 'cached':  # the one an ensemble can take
-    return ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, src_segments, length)
-  if ensemble.is_ensemble(cfg):
-    raise ValueError(f'cache_mode={cache_mode!r} decodes one model; an ensemble needs cached')
-  model, variables = Transformer(cfg), {'params': params}
-  memory = model.apply(variables, src, src_segments, method=Transformer.encode)  # [B, S, D]
-  if cache_mode == 'uncached':
-    prefix = jnp.zeros((memory.shape[0], length), jnp.int32)
-    state = PrefixState(memory, src_segments, prefix, jnp.zeros((), jnp.int32))
-
-    def recompute(ids_t: jax.Array, s: PrefixState) -> tuple[jax.Array, PrefixState]:
-      prefix = jax.lax.dynamic_update_slice_in_dim(s.prefix, ids_t[:, None], s.t, axis=1)
-      logits = model.apply(variables, s.memory, prefix, s.src_segments,
-                           method=Transformer.decode)  # [B, L, V], causal: the rest is unused
-      return jax.lax.dynamic_index_in_dim(logits, s.t, axis=1, keepdims=False), s.replace(
-          prefix=prefix, t=s.t + 1)
-    return recompute, state
-
-  cache = model.apply(variables, memory, src_segments, length, method=Transformer.init_cache)
-
-  def no_reuse(ids_t: jax.Array, c: tuple) -> tuple[jax.Array, tuple]:
-    logits, dec = model.apply(variables, ids_t, c[0], c[1], method=Transformer.decode_step)
-    return logits, (dec, c[1])
-  return no_reuse, (cache, memory)
+def cached_decoder(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
+                   length: int) -> tuple[LogitsFn, Any]:
+  """The paper's decoder as it runs incrementally: the encoder once, the cross-attention K/V
+  once per batch, a self-attention K/V cache of `length` positions (one model or an
+  ensemble)."""
+  return ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, src_segments, length)
 
 
-def search_for(length: int, *, bos_id: int, eos_id: int, pad_id: int,
-               beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
-               beam_stop: str = DECODE.beam_stop, temperature: float = DECODE.temperature,
-               top_k: int = DECODE.top_k, rng: Optional[jax.Array] = None,
-               n_best: int = 1, min_len: int = DECODE.min_len,
-               no_repeat_ngram: int = DECODE.no_repeat_ngram) -> Search:
+def search_for(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Search:
   """The search `translate` runs for outputs of `length` positions: sampling when
-  `temperature` > 0, else beam search when `beam_size` > 1 (its `n_best` hypotheses per
-  sentence), else greedy."""
-  ids = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, length=length, min_len=min_len,
-             no_repeat_ngram=no_repeat_ngram)
-  if temperature > 0.0:
-    return greedy(temperature=temperature, top_k=top_k, rng=rng, **ids)
-  if beam_size > 1:
-    return beam(beam_size=beam_size, alpha=alpha, stop=beam_stop, n_best=n_best, **ids)
-  return greedy(**ids)
+  `spec.sampling` (with `rng`), else beam search when the beam is wider than 1 (its
+  `spec.n_best` hypotheses per sentence), else greedy."""
+  if spec.sampling or spec.decode.beam_size == 1:
+    return greedy(spec, length, rng)
+  return beam(spec, length)
 
 
-def _max_lens(src_segments: jax.Array, max_extra_len: int, max_len: int = 0,
+def _max_lens(src_segments: jax.Array, d: DecodeConfig,
               prefix: Optional[Prefix] = None) -> jax.Array:
-  """[B] output limits in tokens with EOS: source length + `max_extra_len` (§6.1), or prefix
-  length + `max_extra_len` if longer; at most `max_len` subwords and EOS when `max_len` > 0,
+  """[B] output limits in tokens with EOS: source length + `d.max_extra_len` (§6.1), or
+  prefix length + that if longer; at most `d.max_len` subwords and EOS when it is above 0,
   but always room for the prefix and EOS. Filler rows (no source tokens; they pad a bucket's
   last batch) end at once: were they left to run to their length limit, every batch would
   decode for the full output length."""
   src_lens = jnp.sum(src_segments > 0, axis=1)
   given = jnp.zeros_like(src_lens) if prefix is None else prefix.lens
-  limits = jnp.maximum(src_lens, given) + max_extra_len
-  if max_len > 0:
-    limits = jnp.minimum(limits, max_len + 1)
+  limits = jnp.maximum(src_lens, given) + d.max_extra_len
+  if d.max_len > 0:
+    limits = jnp.minimum(limits, d.max_len + 1)
   return jnp.where(src_lens > 0, jnp.maximum(limits, given + 1), 1)
 
 
@@ -116,70 +82,49 @@ def as_prefix(ids: Optional[jax.Array], pad_id: int) -> Optional[Prefix]:
   return Prefix(ids, jnp.sum(ids != pad_id, axis=1))
 
 
-def translate(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array, *,
-              bos_id: int, eos_id: int, pad_id: int, beam_size: int = DECODE.beam_size,
-              alpha: float = DECODE.alpha, max_extra_len: int = DECODE.max_extra_len,
-              chunk: int = DECODE.chunk, cache_mode: str = 'cached',
-              temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-              rng: Optional[jax.Array] = None, grow_cache: bool = True,
-              beam_stop: str = DECODE.beam_stop, n_best: int = 1,
-              min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
-              no_repeat_ngram: int = DECODE.no_repeat_ngram,
-              prefix: Optional[jax.Array] = None) -> jax.Array:
+def translate(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
+              spec: SearchSpec, *, rng: Optional[jax.Array] = None,
+              prefix: Optional[jax.Array] = None, grow_cache: bool = True,
+              decoder: Optional[Decoder] = None) -> jax.Array:
   """Translates a padded batch: src [B, S] -> ids [B, S + max_extra_len], in one jittable loop
-  (with beam search and `n_best` > 1: [B, N, S + max_extra_len], see beam.result).
+  (with beam search and `spec.n_best` > 1: [B, N, S + max_extra_len], see beam.result).
 
   `cfg` and `params` are one model's, or tuples of an ensemble's (decoding/ensemble.py).
-  Each row may produce up to its own source length + `max_extra_len` tokens (§6.1). Rows are
-  decoded with beam search (`beam_size` > 1, GNMT length penalty `alpha`, rows ending as
-  `beam_stop` says: 'bound' or 'k_finished', see beam_search.py), greedily, or, with
-  `temperature` > 0 and an `rng`, by sampling (optionally from the `top_k` tokens only).
-  With `grow_cache` the self-attention cache starts at 2 chunks and doubles as needed
-  (decoding.decode_loop); False keeps it at the full length limit (for benchmarks).
-  `min_len`, `max_len` and `no_repeat_ngram` are the output controls of config.DecodeConfig
-  (off at 0); with `max_len` the output is at most max_len + 1 long. `prefix` [B, P] (padded
-  with `pad_id`) gives the tokens each output must start with; the search continues after.
-  Output rows hold the tokens, EOS, then `pad_id`. Jit with the keyword arguments bound.
+  Each row may produce up to its own source length + `spec.decode.max_extra_len` tokens
+  (§6.1), at most `max_len` + 1 with the output controls' `max_len`. The search is
+  `search_for(spec)`'s; with sampling, `rng` draws. With `grow_cache` the self-attention
+  cache starts at 2 chunks and doubles as needed (decoding.decode_loop). `prefix` [B, P]
+  (padded with `spec.pad_id`) gives the tokens each output must start with; the search
+  continues after. Output rows hold the tokens, EOS, then `spec.pad_id`. `decoder` replaces
+  the cached one, `cached_decoder` (bench/decoders.py measures others with it). Jit with
+  `cfg`, `spec` and `decoder` bound.
   `CompactingTranslate` gives the same outputs faster, dropping finished sentences.
   """
-  if cache_mode not in CACHE_MODES:
-    raise ValueError(f'cache_mode={cache_mode!r}; expected one of {CACHE_MODES}')
-  given = as_prefix(prefix, pad_id)
-  steps = output_length(src.shape[1], max_extra_len, max_len, 0 if prefix is None else
-                        prefix.shape[1])
-  length = padded_length(steps, chunk)
-  logits_fn, cache = _decoder(cfg, params, src, src_segments, length, cache_mode)
-  search = search_for(length, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
-                      alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
-                      rng=rng, n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-  return search.run(logits_fn, cache, _max_lens(src_segments, max_extra_len, max_len, given),
-                    steps, chunk, grow_cache, given)
+  d = spec.decode
+  given = as_prefix(prefix, spec.pad_id)
+  steps = output_length(src.shape[1], d.max_extra_len, d.max_len,
+                        0 if prefix is None else prefix.shape[1])
+  length = padded_length(steps, d.chunk)
+  logits_fn, cache = (decoder or cached_decoder)(cfg, params, src, src_segments, length)
+  search = search_for(spec, length, rng)
+  return search.run(logits_fn, cache, _max_lens(src_segments, d, given), steps, d.chunk,
+                    grow_cache, given)
 
 
 class CompactingTranslate:
-  """`translate` with the cached decoder, run from the host in chunks of steps that drop
-  finished sentences from the batch (compaction.py): same arguments, same outputs (up to
-  float rounding in matmuls of other batch sizes), as a numpy array. Sampling draws differ,
-  since a row's draws depend on its place in the batch. `store` keeps the compiled programs
-  across runs (programs.py)."""
+  """`translate` run from the host in chunks of steps that drop finished sentences from the
+  batch (compaction.py): same search, same outputs (up to float rounding in matmuls of other
+  batch sizes), as a numpy array. Sampling draws differ, since a row's draws depend on its
+  place in the batch. `jit` compiles its programs (plain_jit, or a ProgramStore's, which
+  keeps them across runs); batches are never compacted below `min_rows` rows."""
 
-  def __init__(self, cfg: Models, *, bos_id: int, eos_id: int, pad_id: int,
-               beam_size: int = DECODE.beam_size, alpha: float = DECODE.alpha,
-               max_extra_len: int = DECODE.max_extra_len, chunk: int = DECODE.chunk,
-               temperature: float = DECODE.temperature, top_k: int = DECODE.top_k,
-               beam_stop: str = DECODE.beam_stop, min_rows: int = 8, n_best: int = 1,
-               min_len: int = DECODE.min_len, max_len: int = DECODE.max_len,
-               no_repeat_ngram: int = DECODE.no_repeat_ngram,
-               store: Optional[ProgramStore] = None):
-    self.cfg, self.max_extra_len, self.chunk = cfg, max_extra_len, chunk
-    self.max_len = max_len
-    self._search = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, beam_size=beam_size,
-                        alpha=alpha, beam_stop=beam_stop, temperature=temperature, top_k=top_k,
-                        n_best=n_best, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-    self.decoder = CompactingDecoder(lambda length: search_for(length, **self._search),
-                                     lambda params: ensemble.step_fn(cfg, params), chunk,
-                                     min_rows, store)
-    self._start = StoredJit(self._start_impl, 'start', store, static_argnums=(5,))
+  def __init__(self, cfg: Models, spec: SearchSpec, *, min_rows: int = 8,
+               jit: Jit = plain_jit):
+    self.cfg, self.spec = cfg, spec
+    self.decoder = CompactingDecoder(lambda length: search_for(spec, length),
+                                     lambda params: ensemble.step_fn(cfg, params),
+                                     spec.decode.chunk, min_rows, jit)
+    self._start = jit(self._start_impl, 'start', static_argnums=(5,))
 
   def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
                   rng: Optional[jax.Array], prefix: Optional[jax.Array],
@@ -192,9 +137,9 @@ class CompactingTranslate:
     have looked for finished ones (bench/RESULTS.md)."""
     first = self.decoder.cache_lengths(length)[0]
     cache = ensemble.start(self.cfg, params, src, src_segments, first)
-    given = as_prefix(prefix, self._search['pad_id'])
-    max_lens = _max_lens(src_segments, self.max_extra_len, self.max_len, given)
-    search = search_for(length, rng=rng, **self._search)
+    given = as_prefix(prefix, self.spec.pad_id)
+    max_lens = _max_lens(src_segments, self.spec.decode, given)
+    search = search_for(self.spec, length, rng)
     state = search.begin(ensemble.step_fn(self.cfg, params), cache, max_lens, first, given)
     return state, max_lens, search.rows_done(state, max_lens), search.result(state)
 
@@ -203,9 +148,10 @@ class CompactingTranslate:
                every_stage: bool = False) -> np.ndarray:
     """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`);
     `every_stage` runs the batch through every cache stage (CompactingDecoder)."""
-    steps = output_length(src.shape[1], self.max_extra_len, self.max_len,
+    d = self.spec.decode
+    steps = output_length(src.shape[1], d.max_extra_len, d.max_len,
                           0 if prefix is None else prefix.shape[1])
-    length = -(-steps // self.chunk) * self.chunk
+    length = -(-steps // d.chunk) * d.chunk  # whole chunks (the cache stages' unit)
     state, max_lens, done, result = self._start(params, src, src_segments, rng, prefix, length)
     return self.decoder(params, state, max_lens, length, every_stage,
                         begun=(done, result))[..., :steps]
@@ -215,5 +161,5 @@ def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments
                      bos_id: int, eos_id: int, pad_id: int,
                      max_extra_len: int = DECODE.max_extra_len) -> jax.Array:
   """Greedy translation with the cached decoder: src [B, S] -> ids [B, S + max_extra_len]."""
-  return translate(cfg, params, src, src_segments, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                   beam_size=1, max_extra_len=max_extra_len)
+  spec = SearchSpec(bos_id, eos_id, pad_id, DecodeConfig(beam_size=1, max_extra_len=max_extra_len))
+  return translate(cfg, params, src, src_segments, spec)

@@ -23,19 +23,22 @@ from transformer_nmt.model.precision import Dense
 NEG_INF = -1.0e9
 
 
-def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array], *,
+                      one_query: bool = False) -> jax.Array:
   """softmax(Q K^T / sqrt(d_k)) of eq. 1 as float32 probabilities [B, H, T, S].
 
   A query row whose keys are all masked (a padding position) gets all-zero weights, never NaN.
 
   Args:
     q: [B, T, H, Dh] queries.
-    k: [B, S, H, Dh] keys; for one decoding step (T = 1) also [B / G, S, H, Dh], shared by
-      G consecutive query rows (the beams of a sentence in cross-attention).
+    k: [B, S, H, Dh] keys; with `one_query` also [B / G, S, H, Dh], shared by G consecutive
+      query rows (the beams of a sentence in cross-attention).
     mask: bool, broadcastable to [B, H, T, S] (or to k's rows); None means attend everywhere.
+    one_query: T = 1, a decoding step (the decoder's `step` says so): computed by the
+      one_step.py kernels, the same values as the einsum, several times faster on XLA CPU.
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-  if q.shape[1] == 1:  # one decoding step: the CPU fast path, same values (one_step.py)
+  if one_query:
     logits = one_step.one_query_logits(q * scale, k)  # [B, H, 1, S]
     if mask is not None and mask.shape[0] not in (1, q.shape[0]):  # per key row: per query row
       mask = jnp.repeat(mask, q.shape[0] // mask.shape[0], axis=0)
@@ -53,13 +56,15 @@ def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
 
 
 def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
-                    dropout_rate: float = 0.0, dropout_bits: int = 16) -> jax.Array:
+                    dropout_rate: float = 0.0, dropout_bits: int = 16,
+                    one_query: bool = False) -> jax.Array:
   """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
   (tensor2tensor's attention dropout, drawn as model/dropout.py does) when `dropout_rng` is
-  given. For T = 1, v may be shared by groups of rows as in `attention_weights`."""
+  given. With `one_query` (T = 1), v may be shared by groups of rows as in
+  `attention_weights`, and the one_step.py kernel computes it."""
   if dropout_rng is not None and dropout_rate > 0.0:
     probs = dropout(dropout_rng, probs, dropout_rate, dropout_bits)
-  if probs.shape[2] == 1:  # one decoding step, as in attention_weights
+  if one_query:
     return one_step.one_query_values(probs, v)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
 
@@ -219,16 +224,17 @@ class MultiHeadAttention(nn.Module):
     return self._split(self.key(x)), self._split(self.value(x))
 
   def attend(self, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
-             deterministic: bool) -> jax.Array:
-    """[B, T, D] queries against precomputed [B, S, H, Dh] keys/values -> [B, T, D]."""
+             deterministic: bool, one_query: bool = False) -> jax.Array:
+    """[B, T, D] queries against precomputed [B, S, H, Dh] keys/values -> [B, T, D];
+    `one_query`: a decoding step (see `attention_weights`)."""
     q = self._split(self.query(x_q))
     rng = None
     if not deterministic and self.cfg.attention_dropout > 0.0:
       rng = self.make_rng('dropout')
-    probs = attention_weights(q, k, mask)
+    probs = attention_weights(q, k, mask, one_query=one_query)
     self.sow('intermediates', 'attention_weights', probs)  # kept only if the caller asks
     out = apply_attention(probs, v, dropout_rng=rng, dropout_rate=self.cfg.attention_dropout,
-                          dropout_bits=self.cfg.dropout_bits)
+                          dropout_bits=self.cfg.dropout_bits, one_query=one_query)
     return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,)))
 
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: Optional[jax.Array],

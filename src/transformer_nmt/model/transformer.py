@@ -96,12 +96,13 @@ class DecoderLayer(_SublayerStack):
       out, cache = self.self_attention.step(h, cache)
       return out
     y_t = self.residual(0, y_t, self_attend, True)
-    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True), cache
+    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True, one_query=True), cache
 
   def _cross_and_ffn(self, y: jax.Array, k: jax.Array, v: jax.Array,
-                     cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
-    y = self.residual(1, y, lambda h: self.cross_attention.attend(h, k, v, cross_mask,
-                                                                  deterministic), deterministic)
+                     cross_mask: Optional[jax.Array], deterministic: bool,
+                     one_query: bool = False) -> jax.Array:
+    y = self.residual(1, y, lambda h: self.cross_attention.attend(
+        h, k, v, cross_mask, deterministic, one_query), deterministic)
     return self.residual(2, y, lambda h: self.ffn(h, deterministic), deterministic)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.decoding.translator import Translator
+from transformer_nmt.inference import Engine, LoadedModel
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.preemption import Stopped
@@ -41,7 +41,8 @@ class Evaluator:
                                                 label_smoothing=self.label_smoothing))
     # greedy: keeps evaluation during training cheap
     greedy = dataclasses.replace(self.decode, beam_size=1, temperature=0.0)
-    self.translator = Translator(self.cfg, self.src_tokenizer, self.tokenizer, greedy)
+    self.engine = Engine(LoadedModel(self.cfg, None, self.src_tokenizer, self.tokenizer,
+                                     decode=greedy))
 
   def _check(self) -> None:
     if self.interrupted():
@@ -62,7 +63,7 @@ class Evaluator:
 
   def translate(self, params: Any, data: data_lib.ParallelData) -> list[str]:
     """Translations of every example, in the order of `data`."""
-    outputs = self.translator.translate_ids(params, data.src, lambda _: self._check())
+    outputs = self.engine.using(params).translate_ids(data.src, lambda _: self._check())
     return self.tokenizer.decode([o.tolist() for o in outputs])
 
   def bleu(self, params: Any, data: data_lib.ParallelData,

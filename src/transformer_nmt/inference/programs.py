@@ -193,6 +193,11 @@ class ProgramStore:
                     'the ones this run needs again', count, others[-1].parent,
                     ', '.join(differ) or 'identity')
 
+  def jit(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
+          donate_argnums: Sequence[int] = ()) -> StoredJit:
+    """`fn` compiled as `jax.jit` does, its programs kept here (decoding.search.Jit)."""
+    return StoredJit(fn, name, self, static_argnums, donate_argnums)
+
   def path(self, name: str, signature: str) -> pathlib.Path:
     return self.directory / f'{name}-{_digest(signature)}.program'
 

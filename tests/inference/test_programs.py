@@ -1,8 +1,9 @@
-"""Compiled decoding programs kept on disk (decoding/programs.py): a second translator with
+"""Compiled decoding programs kept on disk (inference/programs.py): a second engine with
 the same settings calls them without compiling; stale, damaged and unwritable stores do not
 stop a translation; donated arguments stay donated through the store."""
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import pathlib
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 
 from transformer_nmt.config import DecodeConfig
-from transformer_nmt.decoding import ensemble, programs
-from transformer_nmt.decoding.programs import ProgramStore, StoredJit, identity
-from transformer_nmt.decoding.translator import Translator
+from transformer_nmt.decoding import ensemble
+from transformer_nmt.inference import Engine, programs
+from transformer_nmt.inference.programs import ProgramStore, StoredJit, identity
 
 SETTINGS = DecodeConfig(beam_size=2, max_extra_len=4)
 
@@ -46,30 +47,30 @@ def compiles():
   return Compiles()
 
 
-def _translator(loaded, directory, decode=SETTINGS, **kw):
-  return Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode, programs=directory, **kw)
+def _engine(loaded, directory, decode=SETTINGS, **kw):
+  return Engine(loaded, decode, programs=directory, **kw)
 
 
 @pytest.fixture(scope='module')
 def stored(loaded, lines, tmp_path_factory):
   """A program directory filled by one translation, and that translation's outputs."""
   directory = tmp_path_factory.mktemp('programs')
-  first = _translator(loaded, directory)
-  out = first.translate_lines(loaded.params, lines)
+  first = _engine(loaded, directory)
+  out = first.translate(lines)
   assert first.store.saved > 0 and first.store.loaded == 0
   return directory, out, first.store.saved
 
 
-def test_a_second_translator_loads_every_program_and_compiles_none(loaded, lines, stored,
-                                                                   compiles):
+def test_a_second_engine_loads_every_program_and_compiles_none(loaded, lines, stored,
+                                                               compiles):
   directory, out, saved = stored
-  again = _translator(loaded, directory)
+  again = _engine(loaded, directory)
   with compiles:
-    assert again.translate_lines(loaded.params, lines) == out
+    assert again.translate(lines) == out
   assert compiles.count == 0
   assert again.store.loaded == saved and again.store.saved == 0
-  plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, SETTINGS)  # jax.jit only
-  assert plain.store is None and plain.translate_lines(loaded.params, lines) == out
+  plain = Engine(loaded, SETTINGS)  # jax.jit only
+  assert plain.store is None and plain.translate(lines) == out
 
 
 def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_path, compiles):
@@ -77,23 +78,23 @@ def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_p
   programs stored by a translation given the float32 parameters (recipe.py) serve one given
   the kernels cast ahead (decode.py), with nothing compiled."""
   cfg = ensemble.with_dtype(loaded.cfg, 'bfloat16')
-  make = lambda: Translator(cfg, loaded.src_tok, loaded.tgt_tok, SETTINGS,  # noqa: E731
-                            programs=tmp_path)
-  out = make().translate_lines(loaded.params, lines[:3])
+  half = dataclasses.replace(loaded, cfg=cfg)  # its parameters: the float32 ones
+  make = lambda: Engine(half, SETTINGS, programs=tmp_path)  # noqa: E731
+  out = make().translate(lines[:3])
   again = make()
   with compiles:
-    assert again.translate_lines(ensemble.kernels_as_computed(cfg, loaded.params),
-                                 lines[:3]) == out
+    assert again.using(ensemble.kernels_as_computed(cfg, loaded.params)).translate(
+        lines[:3]) == out
   assert compiles.count == 0 and again.store.loaded > 0
 
 def test_other_settings_get_their_own_programs_with_a_notice(loaded, lines, stored, caplog):
   directory, _, saved = stored
   with caplog.at_level(logging.WARNING):
-    other = _translator(loaded, directory, DecodeConfig(beam_size=1, max_extra_len=4))
+    other = _engine(loaded, directory, DecodeConfig(beam_size=1, max_extra_len=4))
   assert f'The {saved} compiled programs in' in caplog.text and 'another decode' in caplog.text
-  other.translate_lines(loaded.params, lines[:2])
+  other.translate(lines[:2])
   assert other.store.loaded == 0 and other.store.saved > 0
-  assert other.store.directory != _translator(loaded, directory).store.directory
+  assert other.store.directory != _engine(loaded, directory).store.directory
 
 
 def test_a_damaged_program_is_compiled_again(loaded, lines, stored, tmp_path, caplog):
@@ -104,11 +105,11 @@ def test_a_damaged_program_is_compiled_again(loaded, lines, stored, tmp_path, ca
     (copy / sub.name).mkdir()
     for f in sub.iterdir():
       (copy / sub.name / f.name).write_bytes(f.read_bytes())
-  again = _translator(loaded, copy)
+  again = _engine(loaded, copy)
   victim = sorted(again.store.directory.glob('start-*.program'))[0]
   victim.write_bytes(b'not a program')
   with caplog.at_level(logging.WARNING):
-    assert again.translate_lines(loaded.params, lines) == out
+    assert again.translate(lines) == out
   assert f'Stored program {victim} is not signed' in caplog.text
   assert again.store.saved == 1 and victim.read_bytes() != b'not a program'
 
@@ -140,7 +141,7 @@ def test_a_planted_pickle_is_never_loaded(loaded, lines, stored, tmp_path, caplo
   import pickle
   directory, out, _ = stored
   copy = _copy_store(directory, tmp_path / 'programs')
-  again = _translator(loaded, copy)
+  again = _engine(loaded, copy)
   marker = tmp_path / 'code_ran'
   payload = pickle.dumps(_Planted(marker))
   assert not marker.exists()
@@ -149,7 +150,7 @@ def test_a_planted_pickle_is_never_loaded(loaded, lines, stored, tmp_path, caplo
   for victim in victims:
     victim.write_bytes(payload if signed_by == 'nobody' else programs.sign(other_key, payload))
   with caplog.at_level(logging.WARNING):
-    assert again.translate_lines(loaded.params, lines) == out
+    assert again.translate(lines) == out
   assert not marker.exists()
   assert caplog.text.count('is not signed with this user') == len(victims)
   assert again.store.loaded == 0 and again.store.saved == len(victims)
@@ -170,11 +171,11 @@ def test_an_unwritable_store_warns_once_and_translates(loaded, lines, stored, tm
   _, out, _ = stored
   blocked = tmp_path / 'programs'
   blocked.write_text('a file where the directory would go')  # fails for root too
-  translator = _translator(loaded, blocked)
+  engine = _engine(loaded, blocked)
   with caplog.at_level(logging.WARNING):
-    assert translator.translate_lines(loaded.params, lines) == out
+    assert engine.translate(lines) == out
   assert caplog.text.count('Not keeping compiled programs') == 1
-  assert not translator.store.writable and translator.store.saved == 0
+  assert not engine.store.writable and engine.store.saved == 0
 
 
 def test_stored_jit_keys_on_shapes_dtypes_and_static_arguments(tmp_path, compiles):
@@ -219,23 +220,23 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
 
 
 def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
-  """Translator.precompile makes the programs of every batch of 8 rows (the fewest a batch
+  """Engine.precompile makes the programs of every batch of 8 rows (the fewest a batch
   has) at each grid length up to max_length, through every cache stage: later jobs of up to 8
-  lines of such lengths compile nothing and give the outputs of a translator that compiled."""
+  lines of such lengths compile nothing and give the outputs of an engine that compiled."""
   assert max(len(ids) + 1 for ids in loaded.src_tok.encode(lines)) <= 40
   decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=14)  # past the first stage
-  first = _translator(loaded, tmp_path, decode)
-  assert first.precompile(loaded.params, max_rows=8, max_length=40) == 4  # 8, 16, 24, 40
+  first = _engine(loaded, tmp_path, decode)
+  assert first.precompile(max_rows=8, max_length=40) == 4  # 8, 16, 24, 40
   assert first.store.saved > 4  # a start program per length and a step per cache stage
   jobs = [lines[:1], lines[2:5], lines]
-  again = _translator(loaded, tmp_path, decode)
+  again = _engine(loaded, tmp_path, decode)
   with compiles:
-    got = [again.translate_lines(loaded.params, job) for job in jobs]
+    got = [again.translate(job) for job in jobs]
   assert len(again._translate.decoder.rows_per_chunk) > 2  # a stage after the first 2 chunks
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
-  plain = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
-  assert got == [plain.translate_lines(loaded.params, job) for job in jobs]
-  assert _translator(loaded, tmp_path / 'none').precompile(loaded.params, max_rows=7) == 0
+  plain = Engine(loaded, decode)
+  assert got == [plain.translate(job) for job in jobs]
+  assert _engine(loaded, tmp_path / 'none').precompile(max_rows=7) == 0
 
 
 def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
@@ -247,7 +248,7 @@ def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
   imported = programs.files_hash(package)
   edit_then_ask = (  # it edits only the copy it was given, never the tree under test
       'import pathlib, sys\n'
-      'from transformer_nmt.decoding import programs\n'
+      'from transformer_nmt.inference import programs\n'
       'root = pathlib.Path(programs.__file__).resolve().parents[1]\n'
       'assert root == pathlib.Path(sys.argv[1]).resolve(), root\n'
       "edited = root / 'model' / 'attention.py'\n"

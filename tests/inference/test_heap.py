@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_nmt.decoding import heap
+from transformer_nmt.inference import heap
 
 
 def _resident_bytes() -> int:
@@ -35,7 +35,7 @@ def test_without_malloc_trim_nothing_happens(monkeypatch):
 
 _COUNT_HEAPS = '''
 import ctypes, sys, threading
-from transformer_nmt.decoding import heap
+from transformer_nmt.inference import heap
 if sys.argv[1] != '0':
   assert heap.limit_heaps(int(sys.argv[1]))
 def allocate(together):

@@ -1,0 +1,14 @@
+"""The inference engine: what serves translations of a trained model.
+
+`Engine` is its one public class (engine.py): a workdir's model, or an ensemble's, loaded
+(loading.py: checkpoints, averaging, the moving average, snapshots.py's parameter cache)
+with its search settings, translating and scoring lines in batches over fixed shape grids
+(batches.py, long_lines.py), its compiled programs kept on disk (programs.py) and the C
+heap trimmed between batches (heap.py). decode.py, recipe.py's selection, validation BLEU
+during training and the server call it; decoding/ holds the pure search it runs.
+"""
+
+from transformer_nmt.inference.engine import Engine, Hypothesis
+from transformer_nmt.inference.loading import LoadedModel, load_ensemble, load_workdir
+
+__all__ = ['Engine', 'Hypothesis', 'LoadedModel', 'load_ensemble', 'load_workdir']

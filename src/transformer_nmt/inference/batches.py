@@ -1,0 +1,51 @@
+"""Batches of a job: decoded by a few threads at once, in order, with their prefixes padded."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from transformer_nmt.data import batching as data_lib
+
+# Fewest rows in a batch, also after compaction: fewer cost about as much.
+MIN_ROWS = 8
+
+
+def in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:
+  """fn(0), fn(1), ..., fn(count - 1) in order, up to `workers` of them computed at once by
+  threads: XLA releases the GIL while a program runs, so batches overlap on a CPU's cores."""
+  if workers <= 1 or count <= 1:
+    yield from map(fn, range(count))
+    return
+  pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='decode')
+  pending: collections.deque = collections.deque()
+  try:
+    for i in range(count):  # `workers` batches in flight, also while the caller takes one
+      pending.append(pool.submit(fn, i))
+      if len(pending) == workers:
+        yield pending.popleft().result()
+    while pending:
+      yield pending.popleft().result()
+  finally:  # also when the caller stops early: the batches running end, no new one starts
+    for future in pending:
+      future.cancel()
+    pool.shutdown(wait=True)
+
+
+def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int) -> np.ndarray:
+  """The plan's rows' prefixes as [rows, P], padded with `pad_id`; P is rounded up to a
+  multiple of 8, so that few shapes compile."""
+  width = -(-max([len(prefixes[i]) for i in plan.examples] + [1]) // 8) * 8
+  out = np.full((plan.rows, width), pad_id, np.int32)
+  for row, i in enumerate(plan.examples):
+    out[row, :len(prefixes[i])] = prefixes[i]
+  return out
+
+
+def strip(ids: np.ndarray, eos_id: int) -> np.ndarray:
+  """A hypothesis's ids up to its first EOS."""
+  ends = np.flatnonzero(ids == eos_id)
+  return ids[:ends[0]] if len(ends) else ids

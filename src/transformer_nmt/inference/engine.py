@@ -1,0 +1,312 @@
+"""The inference engine: a loaded model with its search settings, translating and scoring
+lines in length-sorted token-budget batches over fixed shape grids (decode.py, recipe.py's
+selection, validation BLEU during training and serving all go through it)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import pathlib
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+
+from transformer_nmt.config import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
+from transformer_nmt.data import batching as data_lib
+from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.beam import length_penalty
+from transformer_nmt.decoding.compaction import batch_sizes
+from transformer_nmt.decoding.mbr import mbr_order
+from transformer_nmt.decoding.scoring import Scored, Scorer
+from transformer_nmt.decoding.search import plain_jit
+from transformer_nmt.decoding.spec import SearchSpec
+from transformer_nmt.decoding.translate import CompactingTranslate, translate
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.inference import batches, heap, long_lines
+from transformer_nmt.inference.loading import LoadedModel, load_ensemble
+from transformer_nmt.inference.programs import ProgramStore, identity
+from transformer_nmt.workdir import Workdir
+
+Progress = Optional[Callable[[int], None]]  # called with the number of sentences just done
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One translation with the model's scores of it (forced decoding, scoring.py).
+
+  tokens, token_logprobs, alignment: one entry per target subword and one for the final EOS;
+  alignment holds positions in the source's subwords (`source_tokens`, EOS last)."""
+
+  text: str
+  score: float  # logprob / GNMT length penalty (decode.alpha), what beam search ranks by
+  logprob: float
+  tokens: list[str]
+  token_logprobs: list[float]
+  alignment: list[int]
+
+  def as_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+class Engine:
+  """Translates and scores with one model (or an ensemble) under one set of search settings.
+
+  Lines become source rows (long ones in pieces, long_lines.py), rows are planned into
+  batches over a grid of lengths and batch sizes (the same shapes for every input, so the
+  compiled programs recur), and each batch runs the compacting, cached decoder
+  (translate.CompactingTranslate; with `decode.compact` off, one jitted loop).
+
+    engine = Engine.load(['runs/base'])             # the run's own decode settings
+    engine.translate(['Ein Hund läuft.'])           # -> ['A dog is running.']
+    engine.hypotheses(lines)                        # n-best with scores and alignments
+    engine.score(sources, targets)                  # forced decoding of given translations
+  """
+
+  def __init__(self, model: LoadedModel, decode: Optional[DecodeConfig] = None, *,
+               n_best: int = 1, programs: Optional[str | pathlib.Path] = None,
+               concurrent_batches: int = 0):
+    """`decode` (default: the model's run's settings) is checked here once, with `n_best`
+    (<= beam size) hypotheses per sentence kept for `hypotheses`. With `programs` (a
+    directory, e.g. Workdir.programs) the compiled programs are kept there and a later
+    engine with the same settings calls them without tracing (programs.py); `self.store`
+    counts them. `concurrent_batches` batches are decoded at once, each by a thread of its
+    own (0: 2 on a CPU, whose cores one batch's small matrices leave partly idle; 1 on an
+    accelerator); outputs do not depend on it."""
+    d = model.decode if decode is None else decode
+    tgt = model.tgt_tok
+    self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best)  # validates
+    if concurrent_batches < 0:
+      raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
+                        'positive')
+    self.model, self.decode, self.n_best = model, d, n_best
+    # MBR chooses among all the beam's hypotheses; the programs are those of that n-best
+    self.mbr = d.mbr if d.beam_size > 1 else 'off'
+    searched = self.spec.with_n_best(d.beam_size if self.mbr != 'off' else n_best)
+    self._host_state = jax.default_backend() == 'cpu'
+    self._computed: tuple[Any, Any] = (None, None)  # (params given, kernels_as_computed)
+    self.concurrent_batches = concurrent_batches or (
+        min(2, os.cpu_count() or 1) if self._host_state else 1)
+    # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
+    # would compile programs of their own.
+    self._rng = jax.random.key(d.seed) if self.spec.sampling else None
+    self.store = None if programs is None else ProgramStore(programs, identity(
+        models=model.cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
+        tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
+    jit = plain_jit if self.store is None else self.store.jit
+    if d.compact:
+      self._translate = CompactingTranslate(model.cfg, searched, min_rows=batches.MIN_ROWS,
+                                            jit=jit)
+    else:
+      self._translate = jit(lambda params, src, segments, rng=None, prefix=None: translate(
+          model.cfg, params, src, segments, searched, rng=rng, prefix=prefix), 'translate')
+    self.scorer = Scorer(model.cfg, bos_id=tgt.bos_id, pad_id=tgt.pad_id,
+                         tokens_per_batch=d.tokens_per_batch, max_input_len=d.max_input_len,
+                         length_growth=d.length_growth, jit=jit)
+
+  @classmethod
+  def load(cls, workdirs: Sequence[str | pathlib.Path], *, checkpoint: Optional[int] = None,
+           average_last: int = 0, best: bool = False, ema: bool = True,
+           dtype: Optional[str] = None, programs: bool = True,
+           settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate,
+           n_best: int = 1, concurrent_batches: int = 0) -> Engine:
+    """The engine of one workdir's model, or of several as an ensemble (loading.py), with
+    `settings` of the first run's decode section (default: as it is), in `dtype` (default:
+    the run's model.dtype). With `programs`, compiled programs and the restored parameters
+    are kept in the first workdir's programs directory."""
+    model = load_ensemble(workdirs, checkpoint, average_last, best, ema, snapshot=programs)
+    cfg = ensemble.with_dtype(model.cfg, dtype)
+    # The kernels as the programs take them (params_as_computed), in place of the float32
+    # ones: only one copy stays in memory.
+    model = dataclasses.replace(model, cfg=cfg, decode=settings(model.decode),
+                                params=ensemble.kernels_as_computed(cfg, model.params))
+    where = Workdir(workdirs[0]).programs if programs else None
+    return cls(model, n_best=n_best, programs=where, concurrent_batches=concurrent_batches)
+
+  def using(self, params: Any) -> Engine:
+    """This engine (its compiled programs too) with other parameters of the same shapes:
+    validation BLEU during training translates with each evaluation's parameters."""
+    other = copy.copy(self)
+    other.model = dataclasses.replace(self.model, params=params)
+    return other
+
+  def translate_ids(self, rows: Sequence[np.ndarray], progress: Progress = None,
+                    prefixes: Optional[Sequence[np.ndarray]] = None) -> list[np.ndarray]:
+    """rows: source ids ending in EOS -> output ids (without EOS), in the order of `rows`;
+    each output starts with its row's prefix ids (target ids, no EOS) when given. The
+    search's best: `decode.mbr` applies to `translate` and `hypotheses` only."""
+    return [best[0] for best in self._search(rows, progress, prefixes)]
+
+  def _search(self, rows: Sequence[np.ndarray], progress: Progress = None,
+              prefixes: Optional[Sequence[np.ndarray]] = None) -> list[list[np.ndarray]]:
+    """rows -> each row's hypotheses (ids without EOS), best first: 1 to n_best of them."""
+    out: list[list[np.ndarray]] = [[np.zeros(0, np.int32)]] * len(rows)
+    if not rows:
+      return out
+    params, d, tgt = self.params_as_computed(), self.decode, self.model.tgt_tok
+    lengths = np.array([len(r) for r in rows])
+    boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
+    # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
+    # two): few shapes, and the same ones for every file.
+    sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
+    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
+                                  min_rows=batches.MIN_ROWS)
+
+    def decode(i: int) -> np.ndarray:
+      """Batch i's output ids [rows, (N,) L]."""
+      src, segments, _ = data_lib.pad_rows(rows, plans[i], self.model.src_tok.pad_id)
+      given = ({} if prefixes is None else
+               {'prefix': batches.padded(prefixes, plans[i], tgt.pad_id)})
+      return self._batch(params, src, segments, i, **given)
+
+    # closing: an error below stops the batches not yet started (see batches.in_order)
+    with contextlib.closing(batches.in_order(decode, len(plans),
+                                             self.concurrent_batches)) as done:
+      for plan, ids in zip(plans, done):
+        for row, example in enumerate(plan.examples):
+          found = ids[row] if ids.ndim == 3 else ids[row][None]
+          # An n-best slot without a hypothesis holds no EOS (beam.result); the first has one.
+          out[example] = [batches.strip(h, tgt.eos_id) for j, h in enumerate(found)
+                          if j == 0 or tgt.eos_id in h]
+        if progress is not None:
+          progress(len(plan.examples))
+    return out
+
+  def params_as_computed(self) -> Any:
+    """The parameters as every decoding program takes them: Dense kernels in the compute
+    dtype (ensemble.kernels_as_computed), so that stored programs serve every caller alike.
+    The cast of the last parameters seen is kept; already cast ones pass unchanged."""
+    given, cast = self._computed
+    if self.model.params is not given:
+      cast = ensemble.kernels_as_computed(self.model.cfg, self.model.params)
+      self._computed = (self.model.params, cast)
+    return cast
+
+  def _batch(self, params: Any, src: np.ndarray, segments: np.ndarray, index: int,
+             **extra: Any) -> np.ndarray:
+    """Output ids [rows, (N,) L] of the padded batch src [rows, S] (batch `index` of a call,
+    which picks its sampling draws)."""
+    rng = None if self._rng is None else jax.random.fold_in(self._rng, index)
+    ids = np.asarray(self._translate(params, src, segments, rng=rng, **extra))
+    if self._host_state:  # the batch's state, freed by now, was host memory (heap.py)
+      heap.release_free_memory()
+    return ids
+
+  def precompile(self, max_rows: int = PRECOMPILE_ROWS,
+                 max_length: int = PRECOMPILE_LENGTH) -> int:
+    """Makes (compiles, or loads from the store) the decoding programs of every batch that a
+    job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
+    each batch size from 8 (the fewest rows a batch has) to `max_rows` at each length of the
+    grid up to `max_length`, through every cache stage. A later engine with the same store
+    then translates such a job, or a line typed at a terminal, without compiling. Returns
+    the number of batch shapes."""
+    params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
+    lengths = [n for n in data_lib.length_grid(1, d.max_input_len, d.length_growth)
+               if n <= max_length]
+    sizes = [n for n in batch_sizes(d.tokens_per_batch) if batches.MIN_ROWS <= n <= max_rows]
+    shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
+    extra = {'every_stage': True} if d.compact else {}
+
+    def make(i: int) -> Optional[np.ndarray]:
+      if self.store is not None and not self.store.writable:
+        return None  # nothing would be kept: decode.py says so once the calls end
+      rows, n = shapes[i]
+      segments = np.zeros((rows, n), np.int32)
+      segments[:, 0] = 1  # a source of EOS alone: only the shape matters
+      src = np.where(segments > 0, src_tok.eos_id, src_tok.pad_id).astype(np.int32)
+      return self._batch(params, src, segments, i, **extra)
+    with contextlib.closing(batches.in_order(make, len(shapes),
+                                             self.concurrent_batches)) as made:
+      for _ in made:
+        pass
+    return len(shapes)
+
+  def hypotheses(self, lines: Sequence[str], progress: Progress = None,
+                 prefixes: Optional[Sequence[str]] = None
+                 ) -> list[tuple[list[str], list[Hypothesis]]]:
+    """Sentences -> per line (source subwords with EOS, up to n_best hypotheses, best first),
+    each hypothesis scored by forced decoding (prefix included). Best is the search's order,
+    or with `decode.mbr` the highest expected utility among all the beam's hypotheses
+    (mbr.mbr_order). An empty line gives no hypotheses. A line longer than
+    `decode.max_input_len` tokens gives one hypothesis: its pieces' best translations joined
+    (see `translate`; with MBR each piece's choice), scores summed, alignments into the
+    line."""
+    src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
+    pieces, owner = long_lines.split(src_tok, lines, self.decode.max_input_len)
+    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in pieces]
+    found = self._search(rows, progress, long_lines.prefix_ids(tgt_tok, prefixes, owner))
+    pairs = [(rows[p], h) for p, hyps in enumerate(found) for h in hyps]
+    eos = np.array([tgt_tok.eos_id], np.int32)
+    scored = iter(self.scorer.score_ids(self.params_as_computed(), [s for s, _ in pairs],
+                                        [np.concatenate([h, eos]) for _, h in pairs]))
+    result: list[tuple[list[str], list[Hypothesis]]] = [([], []) for _ in lines]
+    for p, hyps in enumerate(found):
+      made = [self._hypothesis(h, next(scored)) for h in hyps]
+      if self.mbr != 'off':
+        order = mbr_order([h.text for h in made], [h.logprob for h in made], self.mbr)
+        made = [made[i] for i in order[:self.n_best]]
+      source, kept = result[owner[p]]
+      if not kept:
+        kept += made  # in the search's order (its own scores, best first)
+      else:  # the next piece of a long line: appended to the line's one hypothesis
+        kept[0] = _joined(kept[0], made[0], len(source), self.decode.alpha)
+        del kept[1:]  # the first piece's alternatives do not translate the whole line
+      source += src_tok.pieces(rows[p].tolist())
+    return result
+
+  def score(self, sources: Sequence[str], targets: Sequence[str]
+            ) -> list[tuple[list[str], Hypothesis]]:
+    """The model's scores of each target line as the translation of its source line (forced
+    decoding; nothing is split or truncated): per line the source subwords with EOS and the
+    target as a scored `Hypothesis`."""
+    src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
+    src = [np.array(ids + [src_tok.eos_id], np.int32) for ids in src_tok.encode(sources)]
+    tgt = [np.array(ids, np.int32) for ids in tgt_tok.encode(targets)]
+    eos = np.array([tgt_tok.eos_id], np.int32)
+    scored = self.scorer.score_ids(self.params_as_computed(), src,
+                                   [np.concatenate([t, eos]) for t in tgt])
+    return [(src_tok.pieces(s.tolist()), self._hypothesis(t, sc, text))
+            for s, t, sc, text in zip(src, tgt, scored, targets)]
+
+  def _hypothesis(self, ids: np.ndarray, scored: Scored,
+                  text: Optional[str] = None) -> Hypothesis:
+    tgt_tok, n = self.model.tgt_tok, len(ids) + 1  # with EOS
+    return Hypothesis(tgt_tok.decode([ids.tolist()])[0] if text is None else text,
+                      scored.logprob / float(length_penalty(n, self.decode.alpha)),
+                      scored.logprob, tgt_tok.pieces(ids.tolist() + [tgt_tok.eos_id]),
+                      [float(x) for x in scored.token_logprobs],
+                      [int(x) for x in scored.alignment])
+
+  def translate(self, lines: Sequence[str], progress: Progress = None,
+                prefixes: Optional[Sequence[str]] = None) -> list[str]:
+    """Sentences -> translations; an empty line gives an empty line. With `prefixes` (one
+    target text per line, '' for none) each translation starts with its line's prefix. A
+    line longer than `decode.max_input_len` tokens is translated in pieces
+    (long_lines.pieces), which are joined with spaces (the prefix starts the first); how
+    many lines were split or truncated goes to the log. With `decode.mbr` each is
+    `hypotheses`' first."""
+    if self.mbr != 'off':
+      return [hyps[0].text if hyps else '' for _, hyps in
+              self.hypotheses(lines, progress, prefixes)]
+    src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
+    pieces, owner = long_lines.split(src_tok, lines, self.decode.max_input_len)
+    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in pieces]
+    outputs = self.translate_ids(rows, progress, long_lines.prefix_ids(tgt_tok, prefixes, owner))
+    texts = tgt_tok.decode([o.tolist() for o in outputs])
+    result: list[list[str]] = [[] for _ in lines]
+    for i, text in zip(owner, texts):
+      result[i].append(text)
+    return [' '.join(part for part in parts if part) for parts in result]
+
+
+def _joined(first: Hypothesis, then: Hypothesis, offset: int, alpha: float) -> Hypothesis:
+  """Two pieces' translations of one line as one hypothesis; `then`'s alignment shifted by
+  the `offset` source subwords before its piece."""
+  logprob = first.logprob + then.logprob
+  tokens = first.tokens + then.tokens
+  return Hypothesis(' '.join(t for t in (first.text, then.text) if t),
+                    logprob / float(length_penalty(len(tokens), alpha)), logprob, tokens,
+                    first.token_logprobs + then.token_logprobs,
+                    first.alignment + [a + offset for a in then.alignment])

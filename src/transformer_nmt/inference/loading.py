@@ -1,0 +1,180 @@
+"""A workdir's model as the engine serves it: its config, parameters (one checkpoint, the
+mean of the last N, the best by validation BLEU, the moving average), tokenizers, and several
+workdirs as an ensemble."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import jax
+import numpy as np
+
+from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.inference import snapshots
+from transformer_nmt.workdir import Workdir
+
+if TYPE_CHECKING:  # Orbax's import is left to the runs that restore a checkpoint
+  from transformer_nmt.checkpoint import Checkpointer
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A workdir's model config, parameters, tokenizers and which checkpoints they come from."""
+
+  cfg: Models  # a tuple for an ensemble (load_ensemble), as params
+  params: Any  # the parameter pytree (a tuple of them for an ensemble)
+  src_tok: Tokenizer
+  tgt_tok: Tokenizer
+  steps: list[int] = dataclasses.field(default_factory=list)
+  config: dict = dataclasses.field(default_factory=dict)  # the resolved config (config.json)
+  decode: DecodeConfig = DECODE  # the run's decoding settings (its config's decode section)
+
+
+def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
+                 average_last: int = 0, best: bool = False, ema: bool = True,
+                 snapshot: bool = False) -> LoadedModel:
+  """Restores parameters from one checkpoint (latest by default) or the mean of the last N;
+  with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead. A run
+  trained with train.ema_decay gives its moving average of the weights unless `ema` is False.
+  With `snapshot`, the restored parameters are also kept in WORKDIR/programs/params, where a
+  later call for the same checkpoints reads them without Orbax (snapshots.py).
+
+  The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
+  """
+  wd = Workdir(workdir)
+  if not wd.config.exists():
+    raise DataError(f'{workdir} is not a training workdir (no {wd.config.name})')
+  config = wd.read_config()
+  cfg, decode = wd.read_model_config(), wd.read_sections().decode
+  src_tok, tgt_tok = _tokenizers(wd)
+  wd.check_tokenizers({'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
+  if best and (checkpoint is not None or average_last):
+    raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
+  directory = wd.checkpoint_dir(best)
+  if best and not directory.exists():
+    raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
+                    'evaluation has run yet)')
+  where = wd.programs if snapshot else None
+  steps, params = _restore(directory, where, workdir, checkpoint, average_last, best, ema)
+  # On the device once: host arrays would be copied in at every call of a decoding program
+  # (10 lines of test2016: 0.48-0.50 GB peak instead of 0.51-0.54 GB, bench/RESULTS.md).
+  params = jax.device_put(params)
+  _check_vocab(params, cfg, tgt_tok)
+  return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
+
+
+def _restore(directory: pathlib.Path, snapshot_root: Optional[pathlib.Path],
+             workdir: str | pathlib.Path, checkpoint: Optional[int], average_last: int,
+             best: bool, ema: bool) -> tuple[list[int], Any]:
+  """(steps, params) from the checkpoints in `directory` (see `load_workdir`), through a
+  snapshot under `snapshot_root` when one is given."""
+  if snapshot_root is not None:
+    steps = _choose_steps(snapshots.step_numbers(directory), workdir, checkpoint, average_last)
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    params = None if path is None else snapshots.load(path)
+    if params is not None:
+      return steps, params
+  from transformer_nmt.checkpoint import Checkpointer  # Orbax, only to restore
+  ckpt = Checkpointer(directory, read_only=True)
+  try:
+    steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
+    if checkpoint is None and average_last <= 1 and not best:  # the latest that reads back
+      steps, params = _latest_readable(ckpt, ema)
+    else:
+      params = average_params([_read_params(ckpt, step, ema) for step in steps])
+  finally:
+    ckpt.close()
+  if snapshot_root is not None:  # steps may differ from the snapshot's: an unreadable latest
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    if path is not None:
+      snapshots.save(path, params)
+  return steps, params
+
+
+def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[int] = None,
+                  average_last: int = 0, best: bool = False, ema: bool = True,
+                  snapshot: bool = False) -> LoadedModel:
+  """One workdir's model (`load_workdir`), or several as an ensemble: configs and parameters
+  as tuples (decoding/ensemble.py), the first workdir's tokenizers, config and decode
+  settings. Members must use the same SentencePiece models, else a DataError names the first
+  that differs."""
+  models = [load_workdir(w, checkpoint, average_last, best, ema, snapshot) for w in workdirs]
+  if len(models) == 1:
+    return models[0]
+  first = models[0]
+  for workdir, m in zip(workdirs[1:], models[1:]):
+    for side in ('src', 'tgt'):
+      mine, theirs = getattr(m, f'{side}_tok'), getattr(first, f'{side}_tok')
+      if mine.fingerprint != theirs.fingerprint:
+        raise DataError(f'ensemble member {workdir} has another {side} vocabulary ({mine.path}) '
+                        f'than {workdirs[0]} ({theirs.path}); members must share both')
+  return dataclasses.replace(first, cfg=tuple(m.cfg for m in models),
+                             params=tuple(m.params for m in models),
+                             steps=[s for m in models for s in m.steps])
+
+
+def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:
+  from transformer_nmt.checkpoint import describe
+  try:
+    return ckpt.restore_params(step, ema)
+  except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+    raise DataError(f'checkpoint {ckpt.directory / str(step)} is unreadable ({describe(e)}); '
+                    'choose another with --checkpoint') from None
+
+
+def _latest_readable(ckpt: Checkpointer, ema: bool = True) -> tuple[list[int], Any]:
+  """([step], params) of the newest checkpoint that reads back, warning about newer ones
+  that do not (train.py moves those aside when it next runs)."""
+  from transformer_nmt.checkpoint import describe
+  errors = []
+  for step in reversed(ckpt.all_steps()):
+    try:
+      return [step], ckpt.restore_params(step, ema)
+    except Exception as e:  # noqa: BLE001
+      errors.append(f'step {step}: {describe(e)}')
+      logging.warning('Checkpoint %s is unreadable (%s); using the one before',
+                      ckpt.directory / str(step), describe(e))
+  raise DataError(f'no checkpoint in {ckpt.directory} reads back ({errors[0]})')
+
+
+def _tokenizers(wd: Workdir) -> tuple[Tokenizer, Tokenizer]:
+  paths = wd.existing_tokenizer_paths()
+  if paths is None:
+    raise DataError(f'{wd.root} has no SentencePiece model ({wd.tokenizer_paths(True)[0].name})')
+  src = Tokenizer(paths[0])
+  return src, src if paths[1] == paths[0] else Tokenizer(paths[1])
+
+
+def _choose_steps(available: Sequence[int], workdir: pathlib.Path, checkpoint: Optional[int],
+                  average_last: int) -> list[int]:
+  available = sorted(available)
+  if not available:
+    raise DataError(f'{workdir} has no checkpoints')
+  if checkpoint is not None and average_last:
+    raise ConfigError('give either --checkpoint or --average_last, not both')
+  if checkpoint is not None:
+    if checkpoint not in available:
+      raise DataError(f'{workdir} has no checkpoint at step {checkpoint}; available: {available}')
+    return [checkpoint]
+  if average_last > len(available):
+    raise DataError(f'--average_last={average_last} but {workdir} keeps only {len(available)} '
+                    f'checkpoints: {available}')
+  return available[-max(average_last, 1):]
+
+
+def average_params(trees: Sequence[Any]) -> Any:
+  """Elementwise mean of parameter pytrees (float32)."""
+  return jax.tree_util.tree_map(lambda *xs: np.mean(np.stack(xs), axis=0), *trees)
+
+
+def _check_vocab(params: Any, cfg: ModelConfig, tok: Tokenizer) -> None:
+  table = params['tgt_embed']['embedding']
+  if table.shape[0] != tok.vocab_size or cfg.vocab_size != tok.vocab_size:
+    raise DataError(f'tokenizer {tok.path} has {tok.vocab_size} pieces but the checkpoint\'s '
+                    f'vocabulary has {table.shape[0]}; they do not belong together')

@@ -1,0 +1,151 @@
+"""The command-line options of the programs that load an engine (decode.py, and the server):
+which model (workdirs, checkpoints, precision, stored programs, threads) and changes to its
+run's search settings, one flag per DecodeConfig option. Defined here once, so that every
+such program offers the same flags with the same help."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from absl import flags
+
+from transformer_nmt.config import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
+from transformer_nmt.errors import ConfigError, DataError
+
+_RUN = " (default: the run's decode.{}, normally {})"
+# flag -> (DecodeConfig option it changes, help); each defaults to the run's own value
+DECODE_FLAGS = {
+    'beam_size': ('beam_size', 'Beam size (1 = greedy).'),
+    'alpha': ('alpha', 'Length penalty exponent.'),
+    'beam_stop': ('beam_stop', "When a sentence's search ends: bound = once no live beam can "
+                  'beat its best finished hypothesis (tensor2tensor, the paper); k_finished = '
+                  'also once beam_size hypotheses have finished (OpenNMT, CTranslate2; fewer '
+                  'steps).'),
+    'compact': ('compact', 'Drop finished sentences from a batch every --chunk steps (faster); '
+                '--nocompact runs each batch as one jitted loop until its last sentence ends.'),
+    'chunk': ('chunk', 'Decoding steps between checks for finished sentences (and, with '
+              '--compact, between compactions).'),
+    'batch_tokens': ('tokens_per_batch', 'Padded source tokens per batch.'),
+    'max_extra_len': ('max_extra_len', 'Output limit = input length + this.'),
+    'max_input_len': ('max_input_len', 'Longest source in subword tokens: longer lines are '
+                      'translated in pieces split at sentence ends (a longer sentence is '
+                      'truncated), counted on stderr.'),
+    'temperature': ('temperature', 'Sample with this temperature instead of searching '
+                    '(research extra; 0 = off).'),
+    'top_k': ('top_k', 'When sampling, only from the k likeliest tokens (0 = all).'),
+    'seed': ('seed', 'Sampling seed.'),
+    'min_len': ('min_len', 'At least this many subwords before EOS (0 = no minimum; the paper '
+                'uses none).'),
+    'max_len': ('max_len', 'At most this many subwords before EOS, whatever the input length '
+                '(0 = only --max_extra_len).'),
+    'no_repeat_ngram': ('no_repeat_ngram', 'No n-gram of this many subwords twice in one output '
+                        '(0 = off).'),
+    'mbr': ('mbr', 'Minimum Bayes risk: output the hypothesis of the beam with the highest '
+            'expected sentence BLEU or chrF against the others, weighted by model probability, '
+            'instead of the likeliest (off = the paper).'),
+}
+_CHOICES = {'beam_stop': list(BEAM_STOPS), 'mbr': ['off', *MBR_UTILITIES]}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+  """Which model an engine loads and how it runs (see `define_model_flags` for each)."""
+
+  workdirs: tuple[str, ...]
+  checkpoint: Optional[int] = None
+  best: bool = False
+  ema: bool = True
+  average_last: int = 0
+  dtype: Optional[str] = None
+  programs: bool = True
+  compile_cache: bool = True
+  malloc_heaps: int = -1
+  concurrent_batches: int = 0
+
+  def check(self) -> None:
+    """Values out of range, in one line naming the flag."""
+    for name, low, allowed in (('average_last', 0, '0 or positive'),
+                               ('concurrent_batches', 0, '0 (automatic) or positive'),
+                               ('malloc_heaps', -1, '-1 (automatic), 0 (the default) or positive')):
+      if getattr(self, name) < low:
+        raise DataError(f'--{name}={getattr(self, name)} must be {allowed}')
+
+
+def define_model_flags() -> None:
+  """--workdir (repeatable: an ensemble), --checkpoint, --best, --ema, --average_last,
+  --dtype, --programs, --compile_cache, --malloc_heaps, --concurrent_batches."""
+  flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an ensemble '
+                            '(log-probabilities averaged at every step; the members must '
+                            'share their vocabularies; search settings from the first).',
+                            required=True)
+  flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
+  flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
+  flags.DEFINE_bool('ema', True, 'Use the moving average of the weights when the run kept one '
+                    '(train.ema_decay); --noema for the raw weights.')
+  flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: base 5, '
+                       'big 20).')
+  flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision (activations, '
+                    'products, caches; the Dense kernels are cast to it once at load, the '
+                    'other parameters stay float32); outputs differ between the two (speeds: '
+                    "docs/decoding.md). Default: the run's model.dtype.")
+  flags.DEFINE_bool('programs', True, 'Keep the compiled decoding programs in WORKDIR/programs, '
+                    'so a later run with the same settings calls the ones it needs without '
+                    'tracing or compiling them (programs of another jax, backend, code or '
+                    'settings are left alone), and the restored parameters in '
+                    'WORKDIR/programs/params, which a later run of the same checkpoints reads '
+                    'without Orbax.')
+  flags.DEFINE_bool('compile_cache', True, 'With --noprograms: keep compiled programs in '
+                    'WORKDIR/compile_cache (or in $JAX_COMPILATION_CACHE_DIR), so a later run '
+                    'with the same batch shapes skips most compilation (JAX persistent cache; '
+                    'it still traces every program).')
+  flags.DEFINE_integer('malloc_heaps', -1, "Heaps (arenas) of glibc's malloc for this process "
+                       '(glibc only): -1 (automatic): 2 when WORKDIR/programs holds stored '
+                       'programs (not with --precompile), else the default; 0: the default (up '
+                       'to 8 per core); N: at most N. Fewer heaps fragment less (measurements: '
+                       'docs/decoding.md).')
+  flags.DEFINE_integer('concurrent_batches', 0, 'Batches decoded at once, each by a thread (0: '
+                       '2 on a CPU, 1 on an accelerator); the outputs are the same for any '
+                       'value.')
+
+
+def model_options() -> ModelOptions:
+  """The values of `define_model_flags`' flags."""
+  f = flags.FLAGS
+  return ModelOptions(tuple(f.workdir), f.checkpoint, f.best, f.ema, f.average_last, f.dtype,
+                      f.programs, f.compile_cache, f.malloc_heaps, f.concurrent_batches)
+
+
+def define_decode_flags() -> None:
+  """One flag per DecodeConfig option in DECODE_FLAGS, of that option's type, unset (None)
+  unless given: the run's own value stays."""
+  for flag, (option, help_text) in DECODE_FLAGS.items():
+    default = getattr(DECODE, option)
+    text = help_text + _RUN.format(option, default)
+    if option in _CHOICES:
+      flags.DEFINE_enum(flag, None, _CHOICES[option], text)
+    elif isinstance(default, bool):
+      flags.DEFINE_bool(flag, None, text)
+    elif isinstance(default, int):
+      flags.DEFINE_integer(flag, None, text)
+    else:
+      flags.DEFINE_float(flag, None, text)
+
+
+def decode_overrides() -> dict[str, Any]:
+  """The DecodeConfig options given by `define_decode_flags`' flags: option -> value."""
+  values = {flag: getattr(flags.FLAGS, flag) for flag in DECODE_FLAGS}
+  return {DECODE_FLAGS[flag][0]: v for flag, v in values.items() if v is not None}
+
+
+def with_overrides(run: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig:
+  """The run's decode section with the options given on the command line, checked; a bad
+  value is a DataError naming the flag, not the config option."""
+  try:
+    return dataclasses.replace(run, **overrides).validate()
+  except ConfigError as e:
+    message = str(e)
+    for flag, (option, _) in DECODE_FLAGS.items():
+      if option in overrides:
+        message = message.replace(f'decode.{option}', f'--{flag}')
+    raise DataError(message) from None
