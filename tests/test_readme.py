@@ -31,10 +31,10 @@ def test_readme_test_command_is_what_ci_runs():
   assert 'python train.py --config configs/demo.py --workdir demo_run' in readme
 
 
-def test_readme_translator_example_runs(tiny_workdir, capsys):
+def test_readme_engine_example_runs(tiny_workdir, capsys):
   """The README's second example, on the tiny trained workdir instead of demo_run."""
   block = _python_blocks((ROOT / 'README.md').read_text())[1]
-  assert "load_workdir('demo_run')" in block
+  assert "Engine.load(['demo_run']" in block
   exec(compile(block.replace("'demo_run'", repr(str(tiny_workdir))), 'README.md', 'exec'), {})  # noqa: S102
   out = capsys.readouterr().out.splitlines()
   assert out[0].startswith('[') and len(out) >= 3

@@ -358,7 +358,7 @@ def decoding_programs(config: Any, devices: list, rows: int, length: int, beam: 
       lambda x: rows_split if x.ndim else whole, tree)
   params = jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0)))
   params = abstract(params, jax.tree_util.tree_map(lambda _: whole, params))
-  params = kernels_as_computed(model_cfg, params)  # as a Translator hands them over
+  params = kernels_as_computed(model_cfg, params)  # as the Engine hands them over
   cache_length = cache_length or length + config.decode.max_extra_len
 
   def encode(params: Any, src: jax.Array, segments: jax.Array) -> Any:

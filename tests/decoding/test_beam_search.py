@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, beam_search, greedy_search, init_params, length_penalty
+from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.search import cache_stages
-from transformer_nmt.decoding.translate import CACHE_MODES, translate
+from transformer_nmt.decoding.spec import SearchSpec
+from transformer_nmt.decoding.translate import translate
 
 PAD, BOS, EOS = 0, 1, 2
+
+
+def spec(eos_id: int = EOS, **decode) -> SearchSpec:
+  """A search over this file's special ids with the decode settings `decode`."""
+  return SearchSpec(BOS, eos_id, PAD, DecodeConfig(**decode))
 
 
 def table_logits_fn(table: np.ndarray):
@@ -47,8 +54,7 @@ def brute_force_best(table: np.ndarray, max_len: int, alpha: float) -> list[int]
 
 def _search(table, max_len, alpha, beam, chunk=8):
   ids, _ = beam_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([max_len]),
-                       beam_size=beam, alpha=alpha, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                       max_len=max_len, chunk=chunk)
+                       spec(beam_size=beam, alpha=alpha, chunk=chunk), max_len=max_len)
   row = np.asarray(ids)[0].tolist()
   return row[:row.index(EOS) + 1]
 
@@ -68,8 +74,8 @@ def test_beam_beats_greedy_on_a_garden_path_table():
   table[3, EOS] = -1e9
   table[4, EOS] = 0.0
   table[5, EOS] = 0.0
-  greedy = greedy_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([4]), bos_id=BOS,
-                         eos_id=EOS, pad_id=PAD, max_len=4)
+  greedy = greedy_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([4]), spec(),
+                         max_len=4)
   assert np.asarray(greedy)[0, 0] == 3
   assert _search(table, 4, 0.0, beam=2) == [4, EOS] == brute_force_best(table, 4, 0.0)
 
@@ -95,34 +101,22 @@ def model():
 
 def test_beam_1_equals_greedy(model):
   cfg, params, src, seg = model
-  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
-  greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
+  greedy = translate(cfg, params, src, seg, spec(3, beam_size=1, max_extra_len=6))
   from transformer_nmt.decoding import ensemble
   logits_fn, cache = ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, seg, 16)
-  beam1, _ = beam_search(logits_fn, cache, seg.sum(1) + 6, beam_size=1, alpha=0.6, bos_id=BOS,
-                         eos_id=3, pad_id=PAD, max_len=11)
+  beam1, _ = beam_search(logits_fn, cache, seg.sum(1) + 6, spec(3, beam_size=1, alpha=0.6),
+                         max_len=11)
   np.testing.assert_array_equal(beam1, greedy)
-
-
-@pytest.mark.parametrize('beam_size', [1, 4])
-def test_cache_modes_agree(model, beam_size):
-  cfg, params, src, seg = model
-  outs = [np.asarray(translate(cfg, params, src, seg, bos_id=BOS, eos_id=3, pad_id=PAD,
-                               beam_size=beam_size, max_extra_len=6, cache_mode=mode))
-          for mode in CACHE_MODES]
-  for out in outs[1:]:
-    np.testing.assert_array_equal(out, outs[0])
-  assert outs[0].shape == (2, 11)
-  assert (outs[0][1, 3 + 6:] == PAD).all()  # row 2: limit = its 3 real tokens + 6
 
 
 def test_sampling_top_1_is_greedy_and_seeded_sampling_repeats(model):
   cfg, params, src, seg = model
-  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, max_extra_len=6)
-  greedy = translate(cfg, params, src, seg, beam_size=1, **kw)
-  top1 = translate(cfg, params, src, seg, temperature=1.0, top_k=1, rng=jax.random.key(5), **kw)
+  greedy = translate(cfg, params, src, seg, spec(3, beam_size=1, max_extra_len=6))
+  top1 = translate(cfg, params, src, seg, spec(3, temperature=1.0, top_k=1, max_extra_len=6),
+                   rng=jax.random.key(5))
   np.testing.assert_array_equal(top1, greedy)
-  a, b, c = (translate(cfg, params, src, seg, temperature=2.0, rng=jax.random.key(seed), **kw)
+  a, b, c = (translate(cfg, params, src, seg, spec(3, temperature=2.0, max_extra_len=6),
+                       rng=jax.random.key(seed))
              for seed in (1, 1, 2))
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)  # near-uniform random model at temperature 2: seeds differ
@@ -135,15 +129,15 @@ def test_per_row_limits_and_chunking(chunk):
   table[:, EOS] -= 3.0  # make EOS unlikely so limits matter
   fn = table_logits_fn(table)
   limits = jnp.array([2, 7])
-  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, max_len=7, chunk=chunk)
-  greedy = np.asarray(greedy_search(fn, jnp.zeros((2,)), limits, **kw))
-  beams, _ = beam_search(fn, jnp.zeros((2,)), limits, beam_size=3, alpha=0.6, **kw)
+  one, three = spec(chunk=chunk), spec(beam_size=3, alpha=0.6, chunk=chunk)
+  greedy = np.asarray(greedy_search(fn, jnp.zeros((2,)), limits, one, max_len=7))
+  beams, _ = beam_search(fn, jnp.zeros((2,)), limits, three, max_len=7)
   for row, limit in enumerate([2, 7]):
-    alone = np.asarray(greedy_search(fn, jnp.zeros((1,)), jnp.array([limit]), **kw))[0]
+    alone = np.asarray(greedy_search(fn, jnp.zeros((1,)), jnp.array([limit]), one,
+                                     max_len=7))[0]
     np.testing.assert_array_equal(greedy[row], alone)
     assert list(greedy[row]).index(EOS) < limit
-    alone_beam, _ = beam_search(fn, jnp.zeros((1,)), jnp.array([limit]), beam_size=3, alpha=0.6,
-                                **kw)
+    alone_beam, _ = beam_search(fn, jnp.zeros((1,)), jnp.array([limit]), three, max_len=7)
     np.testing.assert_array_equal(np.asarray(beams)[row], np.asarray(alone_beam)[0])
   assert (np.asarray(beams)[0, 2:] == PAD).all()
 
@@ -155,11 +149,10 @@ def test_filler_rows_end_at_once(model, beam_size):
   cfg, params, src, seg = model
   src = jnp.concatenate([src, jnp.zeros_like(src[:1])])
   seg = jnp.concatenate([seg, jnp.zeros_like(seg[:1])])
-  out = np.asarray(translate(cfg, params, src, seg, bos_id=BOS, eos_id=3, pad_id=PAD,
-                             beam_size=beam_size, max_extra_len=6))
+  settings = spec(3, beam_size=beam_size, max_extra_len=6)
+  out = np.asarray(translate(cfg, params, src, seg, settings))
   assert out[2].tolist() == [3] + [PAD] * (out.shape[1] - 1)
-  real = np.asarray(translate(cfg, params, src[:2], seg[:2], bos_id=BOS, eos_id=3, pad_id=PAD,
-                              beam_size=beam_size, max_extra_len=6))
+  real = np.asarray(translate(cfg, params, src[:2], seg[:2], settings))
   np.testing.assert_array_equal(out[:2], real)
 
 
@@ -175,8 +168,8 @@ def test_growing_cache_matches_full_length_cache(model, beam_size):
   """Decoding over caches that grow in stages (4, 8, 24 positions with chunk 2) gives the
   full-length cache's output, and the outputs run past the first stages."""
   cfg, params, src, seg = model
-  kw = dict(bos_id=BOS, eos_id=3, pad_id=PAD, beam_size=beam_size, max_extra_len=18, chunk=2)
-  grown, full = (np.asarray(translate(cfg, params, src, seg, grow_cache=grow, **kw))
+  settings = spec(3, beam_size=beam_size, max_extra_len=18, chunk=2)
+  grown, full = (np.asarray(translate(cfg, params, src, seg, settings, grow_cache=grow))
                  for grow in (True, False))
   np.testing.assert_array_equal(grown, full)
   lengths = [list(row).index(3) if 3 in row else len(row) for row in grown]
@@ -218,9 +211,9 @@ def test_k_finished_stop_keeps_the_first_k_finished():
   p[4, [EOS, 4]] = 0.5
   p[EOS, EOS] = p[PAD, PAD] = 1.0
   fn = table_logits_fn(np.log(p / p.sum(1, keepdims=True)))
-  out = {stop: np.asarray(beam_search(fn, jnp.zeros((1,)), jnp.array([8]), beam_size=2,
-                                      alpha=4.0, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                                      max_len=8, stop=stop)[0])[0].tolist()
+  out = {stop: np.asarray(beam_search(fn, jnp.zeros((1,)), jnp.array([8]),
+                                      spec(beam_size=2, alpha=4.0, beam_stop=stop),
+                                      max_len=8)[0])[0].tolist()
          for stop in ('bound', 'k_finished')}
   assert out['k_finished'][:2] == [3, EOS]
   assert out['bound'].index(EOS) > 2 and set(out['bound'][:out['bound'].index(EOS)]) == {4}
@@ -258,9 +251,8 @@ def test_output_controls_find_the_constrained_best(seed, min_len, no_repeat):
   outputs obey them too."""
   table, max_len = random_table(seed, vocab=6), 5  # 3 real tokens: 27 prefixes of 3
   ids, score = beam_search(table_logits_fn(table), jnp.zeros((1,)), jnp.array([max_len]),
-                           beam_size=27, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                           max_len=max_len, chunk=max_len, min_len=min_len,
-                           no_repeat_ngram=no_repeat)
+                           spec(beam_size=27, alpha=0.6, chunk=max_len, min_len=min_len,
+                                no_repeat_ngram=no_repeat), max_len=max_len)
   row = np.asarray(ids)[0].tolist()
   found = row[:row.index(EOS) + 1]
   expected = _constrained_best(table, max_len, 0.6, min_len, no_repeat)
@@ -269,9 +261,9 @@ def test_output_controls_find_the_constrained_best(seed, min_len, no_repeat):
   assert float(score[0]) == pytest.approx(logp / float(length_penalty(len(found), 0.6)),
                                           abs=1e-4)
   greedy = np.asarray(greedy_search(table_logits_fn(table), jnp.zeros((1,)),
-                                    jnp.array([max_len]), bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                                    max_len=max_len, min_len=min_len,
-                                    no_repeat_ngram=no_repeat))[0].tolist()
+                                    jnp.array([max_len]),
+                                    spec(min_len=min_len, no_repeat_ngram=no_repeat),
+                                    max_len=max_len))[0].tolist()
   assert _allowed(greedy[:greedy.index(EOS) + 1], min(min_len, max_len - 1), no_repeat)
 
 
@@ -283,9 +275,8 @@ def test_a_prefix_outranks_the_output_controls():
   table, max_len = random_table(1, vocab=8), 9
   given = Prefix(jnp.array([[5, 6, 5, 6]]), jnp.array([4]))
   max_lens = jnp.array([max_len])
-  for search in (beam(beam_size=3, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                      length=max_len, no_repeat_ngram=2),
-                 greedy(bos_id=BOS, eos_id=EOS, pad_id=PAD, length=max_len, no_repeat_ngram=2)):
+  for search in (beam(spec(beam_size=3, alpha=0.6, no_repeat_ngram=2), max_len),
+                 greedy(spec(no_repeat_ngram=2), max_len)):
     final = decode_loop(lambda s: search.step(s, table_logits_fn(table), max_lens),
                         lambda s: jnp.all(search.rows_done(s, max_lens)),
                         search.init(jnp.zeros((1,)), max_lens, given), max_len, chunk=max_len)
@@ -328,8 +319,7 @@ def test_a_search_begun_on_one_beam_equals_one_begun_on_k(vocab, k, controls):
   max_lens = jnp.array([1, 3, 8, 8, 6])  # row 0 ends at its first step
   given = (Prefix(jnp.array([[4, 5], [0, 0], [3, 0], [6, 6], [0, 0]]), jnp.array([2, 0, 1, 2, 0]))
            if controls.pop('prefix', False) else None)
-  search = beam(beam_size=k, alpha=0.6, bos_id=BOS, eos_id=EOS, pad_id=PAD, length=length,
-                **controls)
+  search = beam(spec(beam_size=k, alpha=0.6, **controls), length)
   state = search.init(jnp.arange(batch), max_lens, given)
   for steps in range(1, length + 1):
     state = search.step(state, logits_fn, max_lens)

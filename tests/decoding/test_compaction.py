@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, Transformer, init_params
+from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import (
   CompactingDecoder,
@@ -15,12 +16,18 @@ from transformer_nmt.decoding.compaction import (
   resized_on_host,
   take_rows,
 )
-from transformer_nmt.decoding.programs import ProgramStore, identity
 from transformer_nmt.decoding.search import greedy
+from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
+from transformer_nmt.inference.programs import ProgramStore, identity
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 7
+
+
+def spec(**decode) -> SearchSpec:
+  """A search over this file's special ids with the decode settings `decode`."""
+  return SearchSpec(BOS, EOS, PAD, DecodeConfig(**decode))
 
 
 @flax.struct.dataclass
@@ -56,9 +63,8 @@ def test_compacting_decoder_matches_the_one_loop_search(beams, host):
   num, length, chunk = 16, 24, 2
   table = tables(num)
   limits = jnp.asarray(np.random.default_rng(1).integers(3, length + 1, num))
-  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, length=length)
-  search_of = (lambda n: greedy(**{**kw, 'length': n})) if beams == 1 else (
-      lambda n: beam(beam_size=beams, alpha=0.6, **{**kw, 'length': n}))
+  search_of = (lambda n: greedy(spec(), n)) if beams == 1 else (
+      lambda n: beam(spec(beam_size=beams, alpha=0.6), n))
   cache = SentenceCache(jnp.arange(num))
   expected = search_of(length).run(sentence_logits_fn(table), cache, limits, length, chunk)
   decoder = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
@@ -135,9 +141,9 @@ def test_compacting_translate_matches_translate(beam_size):
   lens = np.array([1, 2, 3, 5, 8, 10])
   seg = (np.arange(10)[None] < lens[:, None]).astype(np.int32)
   src = np.where(seg > 0, np.random.default_rng(2).integers(4, 24, seg.shape), PAD)
-  kw = dict(bos_id=BOS, eos_id=EOS, pad_id=PAD, beam_size=beam_size, max_extra_len=6, chunk=2)
-  expected = translate(cfg, params, jnp.asarray(src), jnp.asarray(seg), **kw)
-  compacting = CompactingTranslate(cfg, min_rows=1, **kw)
+  settings = spec(beam_size=beam_size, max_extra_len=6, chunk=2)
+  expected = translate(cfg, params, jnp.asarray(src), jnp.asarray(seg), settings)
+  compacting = CompactingTranslate(cfg, settings, min_rows=1)
   np.testing.assert_array_equal(compacting(params, src, seg), np.asarray(expected))
   assert compacting.decoder.rows_per_chunk[-1] < len(lens)
 
@@ -148,11 +154,10 @@ def test_a_decoder_whose_programs_are_all_stored_compiles_none(tmp_path):
   num, length, chunk = 16, 24, 2
   table = tables(num)
   limits = jnp.asarray(np.random.default_rng(1).integers(3, length + 1, num))
-  search_of = lambda n: beam(beam_size=3, alpha=0.6, bos_id=BOS, eos_id=EOS,  # noqa: E731
-                             pad_id=PAD, length=n)
+  search_of = lambda n: beam(spec(beam_size=3, alpha=0.6), n)  # noqa: E731
   start = search_of(length).init(SentenceCache(jnp.arange(num)), limits)
   first = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
-                            store=ProgramStore(tmp_path, identity(test='all stored')))
+                            jit=ProgramStore(tmp_path, identity(test='all stored')).jit)
   expected = first(table, start, limits, length)
   assert first.rows_per_chunk[-1] < num  # it compacted
   compiles = []
@@ -165,6 +170,6 @@ def test_a_decoder_whose_programs_are_all_stored_compiles_none(tmp_path):
   jax.clear_caches()  # as a new process: nothing compiled in memory
   compiles.clear()
   second = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
-                             store=ProgramStore(tmp_path, identity(test='all stored')))
+                             jit=ProgramStore(tmp_path, identity(test='all stored')).jit)
   np.testing.assert_array_equal(second(table, start, limits, length), expected)
   assert compiles == [] and second._advance.store.loaded > 0

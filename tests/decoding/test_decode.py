@@ -13,8 +13,10 @@ from conftest import ROOT
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import train_tokenizer
-from transformer_nmt.decoding.translator import Translator, average_params, load_workdir
 from transformer_nmt.errors import DataError
+from transformer_nmt.inference import Engine, load_workdir
+from transformer_nmt.inference.loading import average_params
+from transformer_nmt.inference.long_lines import pieces
 
 
 def run_decode(*flags: str, stdin: str = '') -> subprocess.CompletedProcess:
@@ -54,10 +56,9 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
   def run(tokens, order, growth=DecodeConfig.length_growth, concurrent=0):
     decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
                           length_growth=growth)
-    translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
-                            concurrent_batches=concurrent)
+    engine = Engine(loaded, decode, concurrent_batches=concurrent)
     widths.clear()
-    out = translator.translate_lines(loaded.params, [lines[i] for i in order])
+    out = engine.translate([lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
   forward = list(range(len(lines)))
   reference, fine = run(4096, forward), list(widths)
@@ -70,9 +71,8 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
 
 
 def test_empty_lines_survive(loaded, test_lines):
-  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
-                          DecodeConfig(beam_size=2, max_extra_len=5))
-  out = translator.translate_lines(loaded.params, ['', test_lines[0], '', '', test_lines[1], ''])
+  engine = Engine(loaded, DecodeConfig(beam_size=2, max_extra_len=5))
+  out = engine.translate(['', test_lines[0], '', '', test_lines[1], ''])
   assert len(out) == 6
   assert out[0] == out[2] == out[3] == out[5] == ''
 
@@ -120,7 +120,7 @@ def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_l
   plain = run_decode(*flags, '--noprograms', stdin=stdin)  # JAX's cache instead
   assert plain.returncode == 0 and plain.stdout == result.stdout, plain.stderr[-3000:]
   assert any(p.name.startswith('jit__advance') for p in cache.iterdir())
-  # another compute precision reaches the translator: its programs are kept apart
+  # another compute precision reaches the engine: its programs are kept apart
   half = run_decode(*flags, '--dtype', 'bfloat16', stdin=stdin)
   assert half.returncode == 0 and len(half.stdout.split('\n')) == 4, half.stderr[-3000:]
   def header(run):
@@ -193,20 +193,17 @@ def test_decode_refuses_outputs_that_would_lose_work(tiny_workdir, tmp_path):
 def test_long_lines_are_translated_in_pieces(loaded, test_lines):
   sentence = test_lines[0].rstrip('.') + '.'
   short = len(loaded.src_tok.encode([sentence])[0]) + 1
-  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
-                          DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=2 * short))
-  alone = translator.translate_lines(loaded.params, [sentence])[0]
+  engine = Engine(loaded, DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=2 * short))
+  alone = engine.translate([sentence])[0]
   long_line, pair_line = ' '.join([sentence] * 50), ' '.join([sentence] * 2)
   encode = lambda text: loaded.src_tok.encode([text])[0]  # noqa: E731
-  pieces, truncated = translator._pieces(long_line, encode(long_line))
-  assert truncated == 0 and pieces == [encode(pair_line)] * 25  # whole sentences, two a piece
-  pair = translator.translate_lines(loaded.params, [pair_line])[0]
-  out = translator.translate_lines(loaded.params, ['', long_line, sentence])
+  parts, truncated = pieces(loaded.src_tok, long_line, encode(long_line), 2 * short)
+  assert truncated == 0 and parts == [encode(pair_line)] * 25  # whole sentences, two a piece
+  pair = engine.translate([pair_line])[0]
+  out = engine.translate(['', long_line, sentence])
   assert out[0] == '' and out[2] == alone
   assert out[1] == ' '.join([pair] * 25 if pair else [])
-  one_word = DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=3)
-  cut = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, one_word)
-  assert cut._pieces(sentence, loaded.src_tok.encode([sentence])[0])[1] == 1  # truncated
+  assert pieces(loaded.src_tok, sentence, encode(sentence), 3)[1] == 1  # one word: truncated
 
 
 def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path):
@@ -225,8 +222,7 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
   src = tmp_path / 'in.en'
   src.write_text('\n'.join(lines) + '\n')
   decode = DecodeConfig(beam_size=2, max_extra_len=5)
-  whole = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode).translate_lines(
-      loaded.params, lines)
+  whole = Engine(loaded, decode).translate(lines)
   for block in ('1', '5', '0'):
     out = tmp_path / f'out{block}.de'
     heaps = ('--malloc_heaps', '1') if block == '5' else ()  # one malloc heap: the same lines
@@ -248,13 +244,13 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
 
 
 def test_output_controls_bound_every_output(loaded, test_lines):
-  """min_len, max_len and no_repeat_ngram through the Translator (compacting path): the tiny
+  """min_len, max_len and no_repeat_ngram through the Engine (compacting path): the tiny
   model would end most outputs at once and repeat itself otherwise."""
   decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=3, max_len=5, no_repeat_ngram=1)
-  translator = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode)
+  engine = Engine(loaded, decode)
   rows = [np.array(ids + [loaded.src_tok.eos_id], np.int32)
           for ids in loaded.src_tok.encode(test_lines[:8])]
-  for out in translator.translate_ids(loaded.params, rows):
+  for out in engine.translate_ids(rows):
     assert 3 <= len(out) <= 5 and len(set(out.tolist())) == len(out), out
 
 
@@ -307,16 +303,16 @@ def test_precompile_that_cannot_store_fails_in_one_line(tiny_workdir, tmp_path, 
 
 
 def test_batches_in_threads_come_back_in_order_and_stop_with_the_caller():
-  from transformer_nmt.decoding.translator import _in_order
+  from transformer_nmt.inference.batches import in_order
   started = []
   def square(i):
     started.append(i)
     time.sleep(0.002 * (3 - i % 3))  # later batches often finish first
     return i * i
-  assert list(_in_order(square, 7, 2)) == [i * i for i in range(7)]
-  assert list(_in_order(square, 3, 1)) == [0, 1, 4]
+  assert list(in_order(square, 7, 2)) == [i * i for i in range(7)]
+  assert list(in_order(square, 3, 1)) == [0, 1, 4]
   started.clear()
-  batches = _in_order(square, 100, 2)
+  batches = in_order(square, 100, 2)
   assert next(batches) == 0
   batches.close()  # e.g. an error while the caller handled batch 0
   assert len(started) <= 3, started  # the rest never started

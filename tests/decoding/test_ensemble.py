@@ -14,19 +14,19 @@ from conftest import ROOT
 
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding import ensemble
-from transformer_nmt.decoding import translator as translator_lib
-from transformer_nmt.decoding.translator import Translator, load_ensemble
 from transformer_nmt.errors import DataError
+from transformer_nmt.inference import Engine, load_ensemble
+from transformer_nmt.inference import loading as loading_lib
 
 
 def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
   decode = DecodeConfig(beam_size=3, max_extra_len=6)
-  single = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode, n_best=3)
-  expected = single.hypotheses(loaded.params, lines[:4])
+  single = Engine(loaded, decode, n_best=3)
+  expected = single.hypotheses(lines[:4])
   for copies in (1, 2):
-    several = Translator((loaded.cfg,) * copies, loaded.src_tok, loaded.tgt_tok, decode,
-                         n_best=3)
-    found = several.hypotheses((loaded.params,) * copies, lines[:4])
+    members = dataclasses.replace(loaded, cfg=(loaded.cfg,) * copies,
+                                  params=(loaded.params,) * copies)
+    found = Engine(members, decode, n_best=3).hypotheses(lines[:4])
     for (_, mine), (_, theirs) in zip(found, expected):
       assert [h.tokens for h in mine] == [h.tokens for h in theirs]
       np.testing.assert_allclose([h.logprob for h in mine], [h.logprob for h in theirs],
@@ -34,7 +34,7 @@ def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
 
 
 def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
-  """A Translator hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed):
+  """An Engine hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed):
   the same hypotheses and scores as the float32 kernels each Dense casts itself; a float32
   model keeps its parameters."""
   assert ensemble.kernels_as_computed(loaded.cfg, loaded.params) is loaded.params
@@ -44,12 +44,12 @@ def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
             for path, x in jax.tree_util.tree_leaves_with_path(cast)}
   assert {d for k, d in dtypes.items() if k.endswith("['kernel']")} == {jnp.dtype(jnp.bfloat16)}
   assert {d for k, d in dtypes.items() if not k.endswith("['kernel']")} == {jnp.dtype(jnp.float32)}
-  make = lambda: Translator(cfg, loaded.src_tok, loaded.tgt_tok,  # noqa: E731
-                            DecodeConfig(beam_size=2, max_extra_len=6), n_best=2)
+  half = dataclasses.replace(loaded, cfg=cfg)
+  make = lambda: Engine(half, DecodeConfig(beam_size=2, max_extra_len=6), n_best=2)  # noqa: E731
   inside = make()
-  inside.as_computed = lambda params: params  # float32 kernels, cast inside every program
-  expected = inside.hypotheses(loaded.params, lines[:3])
-  for (_, mine), (_, theirs) in zip(make().hypotheses(loaded.params, lines[:3]), expected):
+  inside.params_as_computed = lambda: loaded.params  # float32 kernels, cast in every program
+  expected = inside.hypotheses(lines[:3])
+  for (_, mine), (_, theirs) in zip(make().hypotheses(lines[:3]), expected):
     assert [h.tokens for h in mine] == [h.tokens for h in theirs]
     assert [h.logprob for h in mine] == [h.logprob for h in theirs]
 
@@ -59,7 +59,7 @@ def test_members_with_another_vocabulary_are_refused(loaded, monkeypatch):
   elsewhere.path = loaded.tgt_tok.path.with_name('other.model')
   monkeypatch.setattr(type(loaded.tgt_tok), 'fingerprint', property(lambda t: str(t.path)))
   fake = {'a': loaded, 'b': dataclasses.replace(loaded, tgt_tok=elsewhere)}
-  monkeypatch.setattr(translator_lib, 'load_workdir', lambda w, *args: fake[w])
+  monkeypatch.setattr(loading_lib, 'load_workdir', lambda w, *args: fake[w])
   with pytest.raises(DataError, match='ensemble member b has another tgt vocabulary'):
     load_ensemble(['a', 'b'])
 

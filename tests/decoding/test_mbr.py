@@ -1,4 +1,4 @@
-"""Minimum Bayes risk choice (mbr.py) and decode.mbr through the Translator, on the tiny
+"""Minimum Bayes risk choice (mbr.py) and decode.mbr through the Engine, on the tiny
 trained workdir."""
 
 import dataclasses
@@ -11,7 +11,7 @@ import sacrebleu
 from conftest import ROOT
 
 from transformer_nmt.decoding.mbr import expected_utilities, mbr_order
-from transformer_nmt.decoding.translator import Translator
+from transformer_nmt.inference import Engine
 
 
 def test_the_consensus_wins_over_the_likeliest_outlier():
@@ -39,25 +39,25 @@ def test_weights_decide_between_two_and_ties_keep_the_search_order():
 
 
 @pytest.mark.parametrize('utility', ['bleu', 'chrf'])
-def test_translator_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines, utility):
+def test_engine_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines, utility):
   decode = dataclasses.replace(loaded.decode, max_extra_len=6)  # decode.py's search below
   assert decode.beam_size == 4 and decode.mbr == 'off'
-  make = lambda d, n: Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, d, n_best=n)  # noqa: E731
+  make = lambda d, n: Engine(loaded, d, n_best=n)  # noqa: E731
   chosen = dataclasses.replace(decode, mbr=utility)
-  searched = make(decode, 4).hypotheses(loaded.params, lines)
-  reordered = make(chosen, 4).hypotheses(loaded.params, lines)
-  outputs = make(chosen, 1).translate_lines(loaded.params, [''] + lines)
+  searched = make(decode, 4).hypotheses(lines)
+  reordered = make(chosen, 4).hypotheses(lines)
+  outputs = make(chosen, 1).translate([''] + lines)
   assert outputs[0] == ''
   for (_, beam), (_, mbr), out in zip(searched, reordered, outputs[1:]):
     assert sorted(h.text for h in mbr) == sorted(h.text for h in beam)  # the same hypotheses
     gains = expected_utilities([h.text for h in beam], [h.logprob for h in beam], utility)
     assert mbr[0].text == beam[int(np.argmax(gains))].text == out
-  one = make(chosen, 2).hypotheses(loaded.params, lines[:3])
+  one = make(chosen, 2).hypotheses(lines[:3])
   assert all(len(hyps) <= 2 for _, hyps in one)
   assert [hyps[0].text for _, hyps in one] == outputs[1:4]
 
 
-def test_decode_py_mbr_flag_gives_the_translators_choice(tiny_workdir, loaded, lines, tmp_path):
+def test_decode_py_mbr_flag_gives_the_engines_choice(tiny_workdir, loaded, lines, tmp_path):
   source, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
   source.write_text('\n'.join(lines) + '\n')
   run = subprocess.run([sys.executable, 'decode.py', '--workdir', str(tiny_workdir), '--input',
@@ -66,22 +66,18 @@ def test_decode_py_mbr_flag_gives_the_translators_choice(tiny_workdir, loaded, l
   assert run.returncode == 0, run.stderr[-2000:]
   assert 'beam 4, alpha 0.6, stop bound, MBR chrf' in run.stderr
   chosen = dataclasses.replace(loaded.decode, max_extra_len=6, mbr='chrf')
-  expected = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, chosen).translate_lines(
-      loaded.params, lines)
+  expected = Engine(loaded, chosen).translate(lines)
   assert out.read_text().splitlines() == expected
 
 
-def test_the_translator_outputs_whatever_mbr_order_puts_first(loaded, lines, monkeypatch):
+def test_the_engine_outputs_whatever_mbr_order_puts_first(loaded, lines, monkeypatch):
   """On the tiny model MBR agrees with the search on these lines, so the wiring is checked
   with an order that always puts the search's last hypothesis first."""
-  from transformer_nmt.decoding import translator as translator_lib
+  from transformer_nmt.inference import engine as engine_lib
   decode = dataclasses.replace(loaded.decode, max_extra_len=6)
-  searched = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
-                        n_best=4).hypotheses(loaded.params, lines)
+  searched = Engine(loaded, decode, n_best=4).hypotheses(lines)
   assert any(len(hyps) > 1 for _, hyps in searched)
-  monkeypatch.setattr(translator_lib, 'mbr_order', lambda texts, logprobs, utility:
+  monkeypatch.setattr(engine_lib, 'mbr_order', lambda texts, logprobs, utility:
                       list(range(len(texts)))[::-1])
-  outputs = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok,
-                       dataclasses.replace(decode, mbr='bleu')).translate_lines(loaded.params,
-                                                                              lines)
+  outputs = Engine(loaded, dataclasses.replace(decode, mbr='bleu')).translate(lines)
   assert outputs == [hyps[-1].text for _, hyps in searched]

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_nmt.config import DecodeConfig
+from transformer_nmt.config import DECODE, DecodeConfig
 from transformer_nmt.decoding.beam import beam, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import Prefix, decode_loop
-from transformer_nmt.decoding.translator import Translator
+from transformer_nmt.decoding.spec import SearchSpec
+from transformer_nmt.inference import Engine
 from transformer_nmt.model.attention import NEG_INF
 from transformer_nmt.model.transformer import Transformer
 
@@ -42,8 +43,8 @@ def _finished(loaded, lines, given=None):
     cache = model.apply(variables, memory, segments, max_len, method=Transformer.init_cache)
     step = lambda ids, c: model.apply(variables, ids, c, method=Transformer.decode_step)  # noqa: E731
     max_lens = jnp.full((len(rows),), max_len)
-    found = beam(beam_size=4, alpha=0.6, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                 pad_id=tok.pad_id, length=max_len)
+    found = beam(SearchSpec(tok.bos_id, tok.eos_id, tok.pad_id,
+                            DecodeConfig(beam_size=4, alpha=0.6)), max_len)
     final = decode_loop(lambda s: found.step(s, step, max_lens),
                         lambda s: jnp.all(found.rows_done(s, max_lens)),
                         found.init(cache, max_lens, prefix), max_len, chunk=max_len)
@@ -79,10 +80,8 @@ def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
 @pytest.mark.parametrize('compact', [True, False])
 def test_n_best_lists(loaded, lines, compact):
   decode = DecodeConfig(beam_size=4, max_extra_len=6, compact=compact)
-  found = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
-                     n_best=4).hypotheses(loaded.params, [''] + lines[:4])
-  best = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode).translate_lines(
-      loaded.params, lines[:4])
+  found = Engine(loaded, decode, n_best=4).hypotheses([''] + lines[:4])
+  best = Engine(loaded, decode).translate(lines[:4])
   assert found[0] == ([], [])  # an empty line: nothing to translate
   for (source, hyps), one in zip(found[1:], best):
     assert source[-1] == '</s>' and 1 <= len(hyps) <= 4
@@ -107,8 +106,7 @@ def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
   (the first piece's alternatives would not translate the whole line)."""
   decode = DecodeConfig(beam_size=4, max_extra_len=4, max_input_len=8)
   line = 'He paints nineteen eggs. They played with one black car. My father came.'
-  (source, hyps), = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok, decode,
-                               n_best=3).hypotheses(loaded.params, [line])
+  (source, hyps), = Engine(loaded, decode, n_best=3).hypotheses([line])
   assert len(hyps) == 1 and source.count('</s>') >= 2  # in pieces, each with its EOS
   assert len(hyps[0].tokens) == len(hyps[0].token_logprobs) == len(hyps[0].alignment)
   assert all(0 <= a < len(source) for a in hyps[0].alignment)
@@ -116,7 +114,7 @@ def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
 
 def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tmp_path):
   """--score_reference's scores of decode.py's own translations equal the scores decode.py
-  reported for them, and its scores of other text equal the library's (Translator.score)."""
+  reported for them, and its scores of other text equal the library's (Engine.score)."""
   source = tmp_path / 'in.txt'
   source.write_text('\n'.join(lines) + '\n')
   out = tmp_path / 'out.jsonl'
@@ -135,8 +133,7 @@ def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tm
                 '--score_reference', str(refs), '--format', 'jsonl')
   assert run.returncode == 0, run.stderr[-2000:]
   again = [json.loads(line)['hypotheses'][0] for line in scores.read_text().splitlines()]
-  library = Translator(loaded.cfg, loaded.src_tok, loaded.tgt_tok).score(loaded.params, lines,
-                                                                         texts)
+  library = Engine(loaded, DECODE).score(lines, texts)
   for i, (row, got, (_, expected)) in enumerate(zip(rows, again, library)):
     reported = row['hypotheses'][0] if i % 2 == 0 else expected.as_json()
     assert got['tokens'] == reported['tokens'] and got['text'] == texts[i]
@@ -155,7 +152,8 @@ def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
   short.write_text('one line\n')
   base = ('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(out))
   for flags, message in [
-      (('--n_best', '5', '--format', 'jsonl'), '--n_best=5 must be at most the beam size (4)'),
+      (('--n_best', '5', '--format', 'jsonl'),
+       'n_best=5 must be between 1 and the beam size 4 (and 1 when sampling)'),
       (('--n_best', '2'), '--n_best=2 needs --format jsonl (text is one line per input)'),
       (('--score_reference', str(short)), f'--score_reference={short} has 1 lines but the '
                                           f'input has {len(lines)}'),
@@ -177,15 +175,14 @@ def test_a_prefix_is_kept_and_scored_like_forced_decoding(loaded, lines):
   german = ['Ein Mann', 'Zwei', 'Die Katze', 'Mein Vater']
   given = [tgt_tok.encode([g])[0] for g in german]
   decode = DecodeConfig(beam_size=4, max_extra_len=6)
-  found = Translator(cfg, src_tok, tgt_tok, decode, n_best=4).hypotheses(
-      loaded.params, lines, prefixes=german)
+  found = Engine(loaded, decode, n_best=4).hypotheses(lines, prefixes=german)
   for (_, hyps), ids, text in zip(found, given, german):
     for h in hyps:
       assert h.tokens[:len(ids)] == tgt_tok.pieces(ids) and h.text.startswith(text)
 
   rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in src_tok.encode(lines)]
-  greedy = Translator(cfg, src_tok, tgt_tok, DecodeConfig(beam_size=1, max_extra_len=6))
-  outputs = greedy.translate_ids(loaded.params, rows, prefixes=[np.array(g) for g in given])
+  greedy = Engine(loaded, DecodeConfig(beam_size=1, max_extra_len=6))
+  outputs = greedy.translate_ids(rows, prefixes=[np.array(g) for g in given])
   model = Transformer(cfg)
   for row, ids, out in zip(rows, given, outputs):
     assert out[:len(ids)].tolist() == ids

@@ -7,7 +7,7 @@ import pytest
 
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data import batching as data_lib
-from transformer_nmt.decoding.translator import Translator, load_workdir
+from transformer_nmt.inference import Engine, load_workdir
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.training.evaluation import Evaluator, subset
 
@@ -41,7 +41,7 @@ def test_loss_is_the_token_mean_whatever_the_batches(setup):
 def test_bleu_is_greedy_in_file_order(setup):
   model, data, references = setup
   evaluator = _evaluator(model, 4096)
-  assert evaluator.translator.compact  # the decode section's settings, with beam 1:
+  assert evaluator.engine.decode.compact  # the decode section's settings, with beam 1:
   reversed_data = dataclasses.replace(data, src=data.src[::-1], tgt=data.tgt[::-1],
                                       index=data.index[::-1])
   score, hyps, signature = evaluator.bleu(model.params, data, references)
@@ -49,8 +49,7 @@ def test_bleu_is_greedy_in_file_order(setup):
   assert reversed_hyps == hyps[::-1]  # each hypothesis stays with its example
   assert (score, signature) == corpus_bleu(hyps, [references[i] for i in data.index])
   greedy = DecodeConfig(beam_size=1, max_extra_len=10)
-  direct = Translator(model.cfg, model.src_tok, model.tgt_tok, greedy).translate_ids(
-      model.params, data.src)
+  direct = Engine(model, greedy).translate_ids(data.src)
   assert hyps == model.tgt_tok.decode([o.tolist() for o in direct])
 
 

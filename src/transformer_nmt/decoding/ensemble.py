@@ -4,7 +4,7 @@ An ensemble is a tuple of model configs with a tuple of parameter trees. At ever
 member runs its own cached decoder step and the members' log-probabilities are averaged (a
 log-linear ensemble); the search normalises the average, so its distribution is the
 normalised geometric mean of the members'. The members must share the source and target
-vocabularies (decoding/translator.py checks the tokenizers).
+vocabularies (inference/loading.py checks the tokenizers).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def with_dtype(cfg: Models, dtype: Optional[str]) -> Models:
 
 def kernels_as_computed(cfg: Models, params: Any) -> Any:
   """The parameters with every Dense kernel in its model's compute dtype, as the decoding
-  programs take them (Translator.as_computed); the same outputs, since a bfloat16 Dense casts
+  programs take them (Engine.params_as_computed); the same outputs, since a bfloat16 Dense casts
   its float32 kernel at every call (precision.mixed_matmul), so the cast only moves out of the
   programs: they no longer copy the kernels at every call. 10 lines of test2016 peaked at 0.45
   GB instead of 0.49-0.50 GB; no difference measurable at 1000 lines (bench/RESULTS.md). Cast
