@@ -112,7 +112,7 @@ def _over_budget(report: dict) -> str:
 
 def run() -> None:
   from transformer_nmt import aot
-  from transformer_nmt.config import validate_config
+  from transformer_nmt.typed_config import validate_config
   config = _CONFIG.value
   validate_config(config)
   devices, chip = aot.topology_devices(_TOPOLOGY.value)

@@ -131,7 +131,7 @@ def run(alphas: list[float]) -> None:
 def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) -> tuple:
   """results.select with the config's search settings and this command's flags."""
   from transformer_nmt import results as report
-  from transformer_nmt.config import validate_config
+  from transformer_nmt.typed_config import validate_config
   from transformer_nmt.workdir import Workdir
   decode = validate_config(config).decode
   given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
@@ -146,9 +146,9 @@ def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) ->
 
 def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
   """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
-  from transformer_nmt.config import validate_config
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.data import corpus as corpus_lib
+  from transformer_nmt.typed_config import validate_config
   validate_config(config)
   d = config.data
   corpus = corpus_lib.read_corpus(d, workdir)

@@ -34,7 +34,7 @@ import train as bench_train
 flags.FLAGS(['x', '--config', sys.argv[1], '--batch', sys.argv[2], '--length', sys.argv[3]])
 import ml_collections
 from transformer_nmt import sharding
-from transformer_nmt.config import model_config_from_dict
+from transformer_nmt.typed_config import model_config_from_dict
 from transformer_nmt.training import loop as trainer
 from transformer_nmt.training.state import create_train_state
 m = bench_train.model_section()

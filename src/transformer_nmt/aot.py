@@ -247,7 +247,7 @@ BATCH_KEYS = ('src', 'src_segments', 'src_positions', 'tgt_in', 'tgt_out', 'tgt_
 
 
 def _model_config(config: Any) -> Any:
-  from transformer_nmt.config import model_config_from_dict
+  from transformer_nmt.typed_config import model_config_from_dict
   vocab = config.data.vocab_size
   return model_config_from_dict(config.model, vocab_size=vocab, src_vocab_size=vocab)
 

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import cache
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.typed_config import validate_config
 
 
 @pytest.fixture(scope='module')

@@ -6,9 +6,10 @@ import multiprocessing
 
 import pytest
 
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.early_stopping import EarlyStopping
+from transformer_nmt.typed_config import validate_config
 
 
 def test_stops_after_patience_evaluations_without_a_better_bleu():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.checkpoint import Checkpointer
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.state import (
   TrainState,
@@ -15,6 +15,7 @@ from transformer_nmt.training.state import (
   ema_update,
   make_optimizer,
 )
+from transformer_nmt.typed_config import validate_config
 
 
 def test_decay_zero_gives_the_parameters_and_one_step_matches_a_hand_computation():

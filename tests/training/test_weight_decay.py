@@ -7,9 +7,10 @@ import optax
 import pytest
 
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.state import create_train_state, learning_rate_fn, make_optimizer
+from transformer_nmt.typed_config import validate_config
 
 PARAMS = {'dense': {'kernel': jnp.full((3, 4), 2.0), 'bias': jnp.full((4,), 2.0)},
           'norm': {'scale': jnp.full((4,), 2.0)}, 'embed': {'embedding': jnp.full((5, 4), -1.0)}}

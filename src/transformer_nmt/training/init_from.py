@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer_nmt.checkpoint import Checkpointer, describe
-from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.model.transformer import init_params
+from transformer_nmt.typed_config import model_config_from_dict
 from transformer_nmt.workdir import Workdir
 
 

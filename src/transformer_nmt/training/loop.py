@@ -17,18 +17,14 @@ import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import (
-  ModelConfig,
-  model_as_trained,
-  model_config_from_dict,
-  validate_config,
-)
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.data.prefetch import Prefetcher
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
+from transformer_nmt.stored_config import model_as_trained
 from transformer_nmt.training.early_stopping import EarlyStopping
 from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
 from transformer_nmt.training.init_from import (
@@ -42,6 +38,7 @@ from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.profiling import Profile
 from transformer_nmt.training.state import create_train_state, learning_rate_fn
 from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
+from transformer_nmt.typed_config import model_config_from_dict, validate_config
 from transformer_nmt.workdir import RESOLVED_MODEL, Workdir
 
 
