@@ -63,7 +63,7 @@ def _stop_early_with_a_profile(workdir: str) -> tuple[str, str]:
                       patience=2, profile_steps=(2, 1))
   logs = []
   for _ in range(2):
-    loop.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(validate_config(config), workdir)
     logs.append('\n'.join(messages))
     messages.clear()
   return logs[0], logs[1]
