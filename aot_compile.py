@@ -112,9 +112,8 @@ def _over_budget(report: dict) -> str:
 
 def run() -> None:
   from transformer_nmt import aot
-  from transformer_nmt.config import validate_config
-  config = _CONFIG.value
-  validate_config(config)
+  from transformer_nmt.typed_config import validate_config
+  config = validate_config(_CONFIG.value)
   devices, chip = aot.topology_devices(_TOPOLOGY.value)
   rows = _rows(config, len(devices))
   if _DECODE.value:

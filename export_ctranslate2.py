@@ -30,8 +30,8 @@ def run() -> None:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
 
-  from transformer_nmt.inference import load_workdir
   from transformer_nmt.export import export
+  from transformer_nmt.inference import load_workdir
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):
     fail(f'--out={out} exists and is not empty; choose a new directory')

@@ -26,7 +26,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
-from transformer_nmt.config import DECODE, MBR_UTILITIES
+from transformer_nmt.config import DECODE, MBR_UTILITIES, DataConfig, DecodeConfig
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -77,11 +77,13 @@ def run(alphas: list[float]) -> None:
   from transformer_nmt.files import write_atomically
   from transformer_nmt.metrics import read_metrics
   from transformer_nmt.training import loop as trainer
+  from transformer_nmt.typed_config import validate_config
   from transformer_nmt.workdir import Workdir
-  config, workdir = _CONFIG.value, pathlib.Path(_WORKDIR.value)
+  config, workdir = validate_config(_CONFIG.value), pathlib.Path(_WORKDIR.value)
   if _SWEEP.value:  # choosing among runs must not look at the test sets
-    config.data.update(test_src='', test_tgt='', extra_test_src=(), extra_test_tgt=())
-  valid, tests = _read_eval_sets(config, workdir)  # before hours of training, to fail early
+    config = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, test_src='', test_tgt='', extra_test_src=(), extra_test_tgt=()))
+  valid, tests = _read_eval_sets(config.data, workdir)  # before hours of training: fail early
   tests = [] if _SWEEP.value else tests  # a demo or tfds corpus brings its own test split
   steps_dir = Workdir(workdir).checkpoints
   done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None
@@ -94,7 +96,7 @@ def run(alphas: list[float]) -> None:
              default=None)
 
   t0 = time.time()
-  selection, engine = _select(config, workdir, valid, alphas)
+  selection, engine = _select(config.decode, workdir, valid, alphas)
   model, scored = selection.model, []
   for name, (sources, refs) in tests:
     s = report.score(engine, sources, refs)
@@ -128,12 +130,11 @@ def run(alphas: list[float]) -> None:
   logging.info('appended to %s: %s', results, row.strip())
 
 
-def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) -> tuple:
+def _select(decode: DecodeConfig, workdir: pathlib.Path, valid: tuple,
+            alphas: list[float]) -> tuple:
   """results.select with the config's search settings and this command's flags."""
   from transformer_nmt import results as report
-  from transformer_nmt.config import validate_config
   from transformer_nmt.workdir import Workdir
-  decode = validate_config(config).decode
   given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
   decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
   # decode.py searches with the workdir's own section: programs of other settings (flags
@@ -144,13 +145,10 @@ def _select(config, workdir: pathlib.Path, valid: tuple, alphas: list[float]) ->
                        programs=Workdir(workdir).programs if own else None)
 
 
-def _read_eval_sets(config, workdir: pathlib.Path) -> tuple:
+def _read_eval_sets(d: DataConfig, workdir: pathlib.Path) -> tuple:
   """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
-  from transformer_nmt.config import validate_config
   from transformer_nmt.data import batching as data_lib
   from transformer_nmt.data import corpus as corpus_lib
-  validate_config(config)
-  d = config.data
   corpus = corpus_lib.read_corpus(d, workdir)
   tests = []
   if corpus.test is not None:
@@ -172,7 +170,7 @@ def _config_arg() -> str:
                   [f'{k}={v}' for k, v in sorted(overrides.items())])
 
 
-def _direction(d) -> str:
+def _direction(d: DataConfig) -> str:
   if d.source == 'demo':
     return 'en→de (demo)'
   src, tgt = (pathlib.Path(p).suffix.lstrip('.') for p in (d.train_src, d.train_tgt))

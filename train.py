@@ -33,12 +33,13 @@ def run() -> None:
     fail('--num_processes > 1 needs --coordinator_address=HOST:PORT of process 0')
   from transformer_nmt import sharding  # after flag parsing: keeps --help fast
   from transformer_nmt.training import loop as trainer
+  from transformer_nmt.typed_config import validate_config
   if _COMPILE_CACHE.value:
     from transformer_nmt.workdir import Workdir
     use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
-  trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  trainer.train_and_evaluate(validate_config(_CONFIG.value), _WORKDIR.value)
 
 
 if __name__ == '__main__':

@@ -32,24 +32,22 @@ import jax
 from absl import flags
 import train as bench_train
 flags.FLAGS(['x', '--config', sys.argv[1], '--batch', sys.argv[2], '--length', sys.argv[3]])
-import ml_collections
 from transformer_nmt import sharding
-from transformer_nmt.config import model_config_from_dict
-from transformer_nmt.training import loop as trainer
+from transformer_nmt.config import TrainConfig
+from transformer_nmt.training import jitted
 from transformer_nmt.training.state import create_train_state
+from transformer_nmt.typed_config import model_config_from_dict
 m = bench_train.model_section()
 cfg = model_config_from_dict({k: v for k, v in m.items() if k != 'vocab_size'},
                              vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])
-t = ml_collections.ConfigDict(dict(warmup_steps=4000, learning_rate_multiplier=1.0, adam_b1=0.9,
-                                   adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0,
-                                   label_smoothing=0.1))
+t = TrainConfig()  # the paper's: warmup 4000, Adam 0.9 / 0.98 / 1e-9, label smoothing 0.1
 fsdp = sys.argv[4] == 'fsdp'
 mesh = sharding.device_mesh(fsdp=jax.device_count() if fsdp else 1)
 state = create_train_state(cfg, t, jax.random.key(0))
-placement = trainer.state_shardings(state, mesh)
+placement = jitted.state_shardings(state, mesh)
 state = jax.device_put(state, placement)
 batch = sharding.shard_batch(bench_train.numpy_batch(m['vocab_size']), mesh)
-step = trainer.jit_steps(cfg, t, mesh, placement, donate=False)['train']
+step = jitted.jit_steps(cfg, t, mesh, placement, donate=False)['train']
 t0 = time.perf_counter()
 state, metrics = step(state, batch, jax.random.key(1)); jax.block_until_ready(metrics)
 first = time.perf_counter() - t0

@@ -123,10 +123,12 @@ def _row(name: str, r: dict) -> str:
 def main(argv: list[str]) -> None:
   del argv
   from transformer_nmt import aot
+  from transformer_nmt.typed_config import validate_config
   config = _CONFIG.value
   devices, chip = aot.topology_devices(_TOPOLOGY.value)
   rows, length = _BATCH.value, _LENGTH.value
-  ours = aot.report(aot.train_program(config, devices, rows, length), chip, len(devices))
+  ours = aot.report(aot.train_program(validate_config(config), devices, rows, length), chip,
+                    len(devices))
   peer = aot.report(peer_program(config, devices, rows, length), chip, len(devices))
   print(f'{_TOPOLOGY.value} ({len(devices)} x {chip.name}), global batch {rows} x {length} '
         f'tokens per side, model {config.model.dtype}, per chip:\n')

@@ -33,9 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-import ml_collections
 from absl import app, flags, logging
+
+if TYPE_CHECKING:
+  from transformer_nmt.config import DataConfig
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # no accelerator plugin probing in the timings
 
@@ -57,14 +60,12 @@ _TRAIN_PAIRS = flags.DEFINE_integer('train_pairs', 3000, 'Multi30k pairs of the 
 _CHILD = flags.DEFINE_string('child', None, 'Internal: a directory to start from (start-up).')
 
 
-def data_config(directory: pathlib.Path) -> ml_collections.ConfigDict:
-  from transformer_nmt.config import default_config
-  c = default_config().data
-  c.update(source='text', train_src=str(directory / 'train.en'),
-           train_tgt=str(directory / 'train.de'), valid_src=str(directory / 'valid.en'),
-           valid_tgt=str(directory / 'valid.de'), vocab_size=_VOCAB.value, max_len=128,
-           tokens_per_batch=_TOKENS.value, spm_alpha=_ALPHA.value)
-  return c
+def data_config(directory: pathlib.Path) -> 'DataConfig':
+  from transformer_nmt.config import DataConfig  # here: start() times the imports
+  return DataConfig(source='text', train_src=str(directory / 'train.en'),
+                    train_tgt=str(directory / 'train.de'), valid_src=str(directory / 'valid.en'),
+                    valid_tgt=str(directory / 'valid.de'), vocab_size=_VOCAB.value, max_len=128,
+                    tokens_per_batch=_TOKENS.value, spm_alpha=_ALPHA.value).validate()
 
 
 def make_corpus(directory: pathlib.Path, pairs: int) -> None:
@@ -105,8 +106,8 @@ def build_rate(data, count: int, pack_length: int) -> dict:
   """Host 0 of `count`: ms per share of a global batch and real target tokens/s."""
   import numpy as np
 
-  from transformer_nmt.data import batching as data_lib
-  batches = data_lib.train_batches(data, _TOKENS.value, seed=0, row_multiple=count,
+  from transformer_nmt.data import training_batches
+  batches = training_batches.train_batches(data, _TOKENS.value, seed=0, row_multiple=count,
                                    pack_length=pack_length, host=(0, count))
   next(batches)  # the epoch's plan (timed by `epoch_plan`), and one batch
   t0 = time.perf_counter()
@@ -159,9 +160,10 @@ def epoch_plan(data, pack_length: int) -> tuple[int, float]:
   import numpy as np
 
   from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.data import training_batches
   t0 = time.perf_counter()
   if pack_length:
-    plans = data_lib._packed_epoch(data, 0, 0, pack_length, _TOKENS.value // pack_length)
+    plans = training_batches._packed_epoch(data, 0, 0, pack_length, _TOKENS.value // pack_length)
   else:
     plans = data_lib.plan_batches(data.lengths, data.boundaries, _TOKENS.value,
                                   np.random.default_rng([0, 0]))

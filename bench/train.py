@@ -140,20 +140,18 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
   import functools
 
   import jax
-  import ml_collections
 
-  from transformer_nmt.config import model_config_from_dict
+  from transformer_nmt.config import TrainConfig
   from transformer_nmt.training.state import create_train_state, learning_rate_fn
   from transformer_nmt.training.steps import train_step
+  from transformer_nmt.typed_config import model_config_from_dict
 
   m = model_section()
   m_cfg = {k: v for k, v in m.items() if k != 'vocab_size'}
   m_cfg['dtype'] = dtype
   m_cfg['remat'] = remat or m_cfg.get('remat', False)
   cfg = model_config_from_dict(m_cfg, vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])
-  t = ml_collections.ConfigDict(dict(warmup_steps=4000, learning_rate_multiplier=1.0,
-                                     adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
-                                     clip_grad_norm=0.0))
+  t = TrainConfig()  # the paper's: warmup 4000, Adam 0.9 / 0.98 / 1e-9, no clipping
   state = create_train_state(cfg, t, jax.random.key(0))
   batch = jax_batch(m['vocab_size'])
   step = jax.jit(functools.partial(train_step, label_smoothing=0.1,

@@ -20,6 +20,7 @@ for name, value in (('TPU_ACCELERATOR_TYPE', 'v5litepod-4'), ('TPU_SKIP_MDS_QUER
 
 from configs import tiny  # noqa: E402
 from transformer_nmt import aot  # noqa: E402
+from transformer_nmt.typed_config import validate_config  # noqa: E402
 
 ROWS, LENGTH = 48, 20  # global rows (12 or 6 per chip) x tokens: no weight has these dims
 VOCAB, D_MODEL, D_FF = 1024, 128, 256
@@ -30,7 +31,7 @@ def _config(shard_params: bool, dtype: str = 'bfloat16'):
   c.model.update(d_model=D_MODEL, d_ff=D_FF, num_heads=4, dtype=dtype)
   c.data.vocab_size = VOCAB
   c.train.shard_params = shard_params
-  return c
+  return validate_config(c)
 
 
 def _compiled(topology: str, shard_params: bool):

@@ -2,14 +2,9 @@ import importlib
 
 import pytest
 
-from transformer_nmt.config import (
-  DECODE,
-  default_config,
-  migrate,
-  model_config_from_dict,
-  validate_config,
-)
+from transformer_nmt.config import DECODE, default_config
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.typed_config import model_config_from_dict, sections, validate_config
 
 CONFIGS = ['base', 'big', 'small', 'demo', 'tiny']
 
@@ -121,40 +116,6 @@ def test_typed_sections_carry_overrides():
   assert typed.data.bucket_boundaries == (8, 16) and typed.train.num_steps == 100_000
 
 
-def test_stored_configs_of_older_runs_are_migrated():
-  old = {'eval': {'bleu_sentences': 10, 'max_extra_len': 7, 'tokens_per_batch': 256},
-         'train': {'num_steps': 5}}
-  new = migrate(old)
-  assert new['eval'] == {'bleu_sentences': 10}
-  assert new['decode'] == {'max_extra_len': 7, 'tokens_per_batch': 256}
-  assert old['eval']['max_extra_len'] == 7  # the input is left alone
-  assert validate_config(new).decode.max_extra_len == 7
-
-
-def test_a_stored_config_with_a_retired_option_still_reads():
-  old = {'decode': {'source_multiple': 64, 'chunk': 4}}
-  assert migrate(old) == {'decode': {'chunk': 4}}
-  assert validate_config(migrate(old)).decode.chunk == 4
-  with pytest.raises(ConfigError, match='unknown option decode.source_multiple'):
-    validate_config(old)  # a config being written, not read back, is still told
-
-
-def test_model_options_added_later_say_what_older_workdirs_trained_with():
-  """A ModelConfig field added after workdirs were written must be in _MODEL_BEFORE_OPTION,
-  at the value a config.json without it implies; otherwise train.py refuses to resume every
-  older workdir ('None there') and decode.py cannot read its model."""
-  import dataclasses
-
-  from transformer_nmt.config import _MODEL_BEFORE_OPTION, ModelConfig
-  fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  assert fields - set(_MODEL_BEFORE_OPTION) == {
-      'attention_dropout', 'd_ff', 'd_model', 'dtype', 'embedding_dropout', 'layer_norm_epsilon',
-      'norm_position', 'num_heads', 'num_layers', 'positional_encoding', 'relu_dropout',
-      'residual_dropout', 'share_embeddings', 'src_vocab_size', 'tie_output', 'vocab_size'}
-  defaults = ModelConfig()
-  assert all(hasattr(defaults, name) for name in _MODEL_BEFORE_OPTION)
-
-
 @pytest.mark.parametrize('option, value, message', [
     ('alpha', float('nan'), 'decode.alpha=nan must be a finite number, 0 or more'),
     ('alpha', float('inf'), 'decode.alpha=inf must be a finite number'),
@@ -184,19 +145,12 @@ def test_demo_sizes_are_three_counts(sizes):
     validate_config(c)
 
 
-def test_a_stored_model_config_is_checked_value_by_value():
-  """config.json's resolved model, edited by hand: a string for a number used to fail deep in
-  a program with a TypeError (issue 52 #11)."""
-  import dataclasses
-
-  from transformer_nmt.config import ModelConfig, model_config_as_trained
-  stored = dataclasses.asdict(ModelConfig(vocab_size=100, num_heads=4, d_model=32, d_ff=64))
-  assert model_config_as_trained(stored).num_heads == 4
-  with pytest.raises(ConfigError, match="model.num_heads='4' should be of type int"):
-    model_config_as_trained({**stored, 'num_heads': '4'})
-  with pytest.raises(ConfigError, match='is not divisible by model.num_heads=3'):
-    model_config_as_trained({**stored, 'num_heads': 3})
-  with pytest.raises(ConfigError, match=r"unknown model option\(s\) \['heads'\]"):
-    model_config_as_trained({**stored, 'heads': 4})
-  with pytest.raises(ConfigError, match='not a mapping of model options'):
-    model_config_as_trained([1, 2])
+@pytest.mark.parametrize('name', CONFIGS)
+def test_typed_sections_give_back_the_config_as_config_json_stores_it(name):
+  """train.py writes Sections.to_dict() into config.json where it wrote config.to_dict():
+  the same JSON for every config file."""
+  import json
+  config = importlib.import_module(f'configs.{name}').get_config()
+  typed = validate_config(config)
+  assert json.dumps(typed.to_dict(), default=list) == json.dumps(config.to_dict(), default=list)
+  assert sections(typed.to_dict()) == typed

@@ -14,16 +14,15 @@ EIGHT_DEVICES = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_cou
                      JAX_PLATFORMS='cpu')
 
 SAME_STEP_ON_1_AND_8_DEVICES = r'''
-import jax, ml_collections, numpy as np
+import jax, numpy as np
 from transformer_nmt import ModelConfig, create_train_state, sharding
-from transformer_nmt.training import loop as trainer
+from transformer_nmt.config import TrainConfig
+from transformer_nmt.training import jitted
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(vocab_size=40, num_layers=1, d_model=32, d_ff=64, num_heads=4,
                   residual_dropout=0.1, embedding_dropout=0.1, attention_dropout=0.1)
-train = ml_collections.ConfigDict(dict(warmup_steps=10, learning_rate_multiplier=1.0, adam_b1=0.9,
-                                       adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0,
-                                       label_smoothing=0.1))
+train = TrainConfig(warmup_steps=10)  # Adam 0.9 / 0.98 / 1e-9, label smoothing 0.1: the paper's
 rng = np.random.default_rng(0)
 lengths = rng.integers(2, 9, size=16)
 segments = (np.arange(9)[None] < lengths[:, None]).astype(np.int32)
@@ -36,8 +35,8 @@ for devices, fsdp in ((jax.devices()[:1], False), (jax.devices(), False), (jax.d
   mesh = sharding.device_mesh(devices, fsdp=len(devices) if fsdp else 1)
   state = create_train_state(cfg, train, jax.random.key(0))
   placement = (sharding.fsdp_shardings(state, mesh, min_size=64) if fsdp else
-               trainer.state_shardings(state, mesh))
-  step = trainer.jit_steps(cfg, train, mesh, placement, donate=False)['train']  # train.py's step
+               jitted.state_shardings(state, mesh))
+  step = jitted.jit_steps(cfg, train, mesh, placement, donate=False)['train']  # train.py's step
   state = jax.device_put(state, placement)
   for _ in range(2):
     global_batch = sharding.shard_batch(batch, mesh)

@@ -64,10 +64,9 @@ def test_workdirs_from_before_an_option_resume_with_the_value_they_trained_with(
   refuses the new default 16, naming both values; decode.py reads it as trained."""
   import dataclasses
 
-  import ml_collections
-
   from transformer_nmt.errors import ConfigError
   from transformer_nmt.training.loop import _check_and_write_config
+  from transformer_nmt.typed_config import sections
   wd = Workdir(tmp_path)
   model = ModelConfig(vocab_size=100, d_model=8, num_heads=2)
   stored = dataclasses.asdict(model)
@@ -77,7 +76,7 @@ def test_workdirs_from_before_an_option_resume_with_the_value_they_trained_with(
   wd.config.write_text(json.dumps({'resolved_model': stored}), encoding='utf-8')
   wd.checkpoints.mkdir()
   assert wd.read_model_config() == dataclasses.replace(model, dropout_bits=32)
-  config = ml_collections.ConfigDict({'model': {'d_model': 8}})
+  config = sections({'model': {'d_model': 8}})
   with pytest.raises(ConfigError, match="dropout_bits 32 there, 16 now"):
     _check_and_write_config(config, model, tmp_path, {})
   _check_and_write_config(config, dataclasses.replace(model, dropout_bits=32), tmp_path, {})

@@ -13,7 +13,7 @@ The pieces researchers reuse, all pure functions or init/apply modules:
              translations), Hypothesis, load_workdir, DecodeConfig
 """
 
-from transformer_nmt.config import DecodeConfig, ModelConfig, model_config_from_dict
+from transformer_nmt.config import DecodeConfig, ModelConfig
 from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import greedy_search
@@ -35,6 +35,7 @@ from transformer_nmt.training.losses import smoothed_cross_entropy
 from transformer_nmt.training.schedules import rsqrt_warmup
 from transformer_nmt.training.state import TrainState, create_train_state, make_optimizer
 from transformer_nmt.training.steps import eval_step, train_step
+from transformer_nmt.typed_config import model_config_from_dict
 
 __all__ = [
     'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Engine', 'Hypothesis', 'KVCache',

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import jax
 import numpy as np
 
 from transformer_nmt import gpu_target
 from transformer_nmt.errors import UserError
+
+if TYPE_CHECKING:  # imported where used: the chip and topology helpers stay light
+  from transformer_nmt.config import ModelConfig
+  from transformer_nmt.typed_config import Sections
 
 GIB = 2 ** 30
 
@@ -246,8 +250,9 @@ BATCH_KEYS = ('src', 'src_segments', 'src_positions', 'tgt_in', 'tgt_out', 'tgt_
               'tgt_positions')
 
 
-def _model_config(config: Any) -> Any:
-  from transformer_nmt.config import model_config_from_dict
+def _model_config(config: Sections) -> ModelConfig:
+  """The model with data.vocab_size as its (shared) vocabulary, as SentencePiece would give."""
+  from transformer_nmt.typed_config import model_config_from_dict
   vocab = config.data.vocab_size
   return model_config_from_dict(config.model, vocab_size=vocab, src_vocab_size=vocab)
 
@@ -317,18 +322,18 @@ def _shortfall(message: str) -> str:
           'of HBM left for them')
 
 
-def train_program(config: Any, devices: list, rows: int, length: int) -> Program:
+def train_program(config: Sections, devices: list, rows: int, length: int) -> Program:
   """train.py's step (its mesh, shardings and donation) for one batch of [rows, length] per
   update on `devices`, lowered from shapes alone."""
   from transformer_nmt import sharding
   from transformer_nmt.model.transformer import count_params
-  from transformer_nmt.training import loop as trainer
+  from transformer_nmt.training import jitted
   from transformer_nmt.training.state import create_train_state
   model_cfg = _model_config(config)
-  mesh = trainer.make_mesh(config, devices)
+  mesh = jitted.make_mesh(config.train, devices)
   state = jax.eval_shape(lambda: create_train_state(model_cfg, config.train, jax.random.key(0)))
-  placement = trainer.state_shardings(state, mesh)
-  step = trainer.jit_steps(model_cfg, config.train, mesh, placement, donate=True)['train']
+  placement = jitted.state_shardings(state, mesh)
+  step = jitted.jit_steps(model_cfg, config.train, mesh, placement, donate=True)['train']
   batch = {k: jax.ShapeDtypeStruct((rows, length), np.int32,
                                    sharding=sharding.batch_sharding(mesh)) for k in BATCH_KEYS}
   key = jax.eval_shape(lambda: jax.random.key(0))
@@ -342,7 +347,7 @@ def train_program(config: Any, devices: list, rows: int, length: int) -> Program
       _bytes_per_chip(weights, (placement.params, placement.opt_state)))
 
 
-def decoding_programs(config: Any, devices: list, rows: int, length: int, beam: int,
+def decoding_programs(config: Sections, devices: list, rows: int, length: int, beam: int,
                       cache_length: int) -> list[Program]:
   """The encoder (with the cross-attention K/V of every decoder layer) for [rows, length]
   sources and one cached decoder step for rows x `beam` hypotheses, parameters replicated

@@ -4,15 +4,15 @@ An experiment config (`configs/*.py`, an ml_collections ConfigDict so that comma
 override it) starts from `default_config()`, which is built from the frozen dataclasses below:
 `model` (ModelConfig, a static jit argument once the tokenizer fixes the vocabulary), `data`,
 `train`, `eval` and `decode` (the defaults of decode.py, recipe.py and the library's
-translators). `validate_config` checks a whole config; `sections(config)` gives the typed
-sections.
+translators). A program turns its config into these typed sections once
+(`typed_config.validate_config`); the library takes them, never the ConfigDict.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -106,6 +106,7 @@ class ModelConfig:
 
 
 def _check(ok: bool, message: str) -> None:
+  """ConfigError(message) unless `ok`."""
   if not ok:
     raise ConfigError(message)
 
@@ -371,166 +372,23 @@ class DecodeConfig:
 
 DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
 # The small jobs whose decoding programs `decode.py --precompile` makes besides its input's
-# (Translator.precompile): up to this many sentences of up to this many source subwords, EOS
+# (Engine.precompile): up to this many sentences of up to this many source subwords, EOS
 # included. 16 x 64 covers every line of Multi30k's test sets and takes 54 programs, 90 s on
 # 2 cores; a 1-line job after it takes 1.3-1.4 s instead of 3.8-4.1 s cold (bench/RESULTS.md).
 PRECOMPILE_ROWS = 16
 PRECOMPILE_LENGTH = 64
 
-_PROGRAM_SET = ('vocab_size', 'src_vocab_size')  # model options the tokenizer decides
-_SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'eval': EvalConfig, 'decode': DecodeConfig}
-# Options that moved, so that an old config gets told where to.
-_MOVED = {'eval.max_extra_len': 'decode.max_extra_len',
-          'eval.tokens_per_batch': 'decode.tokens_per_batch'}
-# Decoding options that no longer exist: a stored config drops them, so that a workdir
-# written while they existed still reads. decode.source_multiple (2026-11-25) padded the
-# decoder's sources and was withdrawn the same day (bench/RESULTS.md).
-_RETIRED = ('decode.source_multiple',)
+PROGRAM_SET = ('vocab_size', 'src_vocab_size')  # model options the tokenizer decides
+SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'eval': EvalConfig, 'decode': DecodeConfig}
+# Options that moved, so that an old config gets told where to (stored_config.migrate).
+MOVED = {'eval.max_extra_len': 'decode.max_extra_len',
+         'eval.tokens_per_batch': 'decode.tokens_per_batch'}
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The full experiment config with every option at its default: transformer-base (paper
   Table 3) on text files. configs/*.py start here."""
   model = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-           if f.name not in _PROGRAM_SET}
-  sections = {name: dataclasses.asdict(cls()) for name, cls in _SECTIONS.items()}
+           if f.name not in PROGRAM_SET}
+  sections = {name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()}
   return ml_collections.ConfigDict({'model': model, **sections})
-
-
-@dataclasses.dataclass(frozen=True)
-class Sections:
-  """The typed sections of an experiment config (the model's stays a mapping until the
-  tokenizer fixes the vocabulary: `model_config_from_dict`)."""
-
-  model: Mapping[str, Any]
-  data: DataConfig
-  train: TrainConfig
-  eval: EvalConfig
-  decode: DecodeConfig
-
-
-def sections(config: Mapping[str, Any]) -> Sections:
-  """Typed, validated sections of a config (ConfigDict or dict; missing sections and options
-  take their defaults). Raises ConfigError naming an unknown or bad option."""
-  config = _to_dict(config)
-  check_sections(config, default_config().to_dict())
-  typed = {}
-  for name, cls in _SECTIONS.items():
-    values = {k: tuple(v) if isinstance(v, list) else v
-              for k, v in config.get(name, {}).items()}
-    typed[name] = cls(**values).validate()
-  model = dict(config.get('model', {}))
-  model_config_from_dict(model, vocab_size=1, src_vocab_size=1)  # checks the values
-  return Sections(model=model, **typed)
-
-
-def validate_config(config: Mapping[str, Any]) -> Sections:
-  """Rejects unknown keys, wrong types, out-of-range values and options that do not go
-  together, before anything is written; returns the typed sections."""
-  s = sections(config)
-  rows = max(s.data.max_len, s.data.pack_length)
-  if s.data.tokens_per_batch < rows:
-    raise ConfigError(f'data.tokens_per_batch={s.data.tokens_per_batch} is less than one row of '
-                      f'{rows} tokens (data.max_len or data.pack_length): no batch could hold '
-                      'the longest pairs')
-  if not s.data.joint_vocab and s.model.get('share_embeddings', True):
-    raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
-                      'it needs model.share_embeddings=False')
-  return s
-
-
-# Model options added after workdirs had been written, at the values those workdirs trained
-# with: a config.json without the key describes a run that had that value.
-_MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 32,
-                        'source_word_dropout': 0.0, 'target_word_dropout': 0.0,
-                        'num_encoder_layers': 0, 'num_decoder_layers': 0}
-
-
-def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:
-  """A workdir's stored ModelConfig fields (config.json's resolved model) with the options
-  added since it was written at the values it trained with."""
-  return {**_MODEL_BEFORE_OPTION, **resolved}
-
-
-def model_config_as_trained(resolved: Any) -> ModelConfig:
-  """The ModelConfig of a workdir's config.json (its resolved model, `model_as_trained`),
-  each value's type and range checked: a hand-edited or damaged file is refused here in one
-  line (ConfigError naming the option), not by a TypeError deep inside a program."""
-  _check(isinstance(resolved, Mapping), f'not a mapping of model options: {resolved!r}')
-  values = model_as_trained(resolved)
-  defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(values) - set(defaults))
-  _check(not unknown, f'unknown model option(s) {unknown}')
-  for key, value in values.items():
-    _check(_same_kind(defaults[key], value),
-           f'model.{key}={value!r} should be of type {type(defaults[key]).__name__}')
-  return ModelConfig(**values).validate()
-
-
-def migrate(config: Mapping[str, Any]) -> dict[str, Any]:
-  """A stored config (an older workdir's config.json) with moved options under their new
-  names and retired ones dropped, so that it reads as a current one."""
-  config = {name: dict(values) if isinstance(values, Mapping) else values
-            for name, values in _to_dict(config).items()}
-  for old, new in _MOVED.items():
-    (old_section, old_key), (new_section, new_key) = old.split('.'), new.split('.')
-    section = config.get(old_section)
-    if isinstance(section, dict) and old_key in section:
-      config.setdefault(new_section, {})[new_key] = config[old_section].pop(old_key)
-  for retired in _RETIRED:
-    section, key = retired.split('.')
-    if isinstance(config.get(section), dict):
-      config[section].pop(key, None)
-  return config
-
-
-def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
-  return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-
-
-def model_config_from_dict(section: Mapping[str, Any], **overrides: Any) -> ModelConfig:
-  """Builds a validated ModelConfig from a config's `model` section.
-
-  Args:
-    section: the `model` ConfigDict (or any mapping); unknown keys are an error.
-    **overrides: values set by the program, e.g. `vocab_size` from the tokenizer.
-  """
-  values = dict(section)
-  values.update(overrides)
-  known = {f.name for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(values) - known)
-  _check(not unknown, f'unknown model option(s) {unknown}; valid: {sorted(known)}')
-  return ModelConfig(**values).validate()
-
-
-def check_sections(config: Mapping[str, Any], schema: Mapping[str, Mapping[str, Any]]) -> None:
-  """Rejects unknown sections/keys and values of the wrong type.
-
-  Args:
-    config: the whole experiment config.
-    schema: section name -> {key: default value} from the reference config.
-  """
-  for section, values in config.items():
-    _check(section in schema, f'unknown config section {section!r}; valid: {sorted(schema)}')
-    _check(isinstance(values, Mapping), f'config section {section!r} must be a mapping of '
-           f'options, not {values!r}')
-    for key, value in dict(values).items():
-      moved = _MOVED.get(f'{section}.{key}')
-      _check(not moved, f'{section}.{key} is now {moved}')
-      _check(key in schema[section],
-             f'unknown option {section}.{key}; valid: {sorted(schema[section])}')
-      default = schema[section][key]
-      if default is not None and not _same_kind(default, value):
-        raise ConfigError(f'{section}.{key}={value!r} should be of type {type(default).__name__}')
-
-
-def _same_kind(default: Any, value: Any) -> bool:
-  if isinstance(default, bool) or isinstance(value, bool):
-    return isinstance(default, bool) == isinstance(value, bool)
-  if isinstance(default, int):  # counts and sizes: a float would slip past every check
-    return isinstance(value, int)
-  if isinstance(default, float):
-    return isinstance(value, (int, float))
-  if isinstance(default, (list, tuple)):
-    return isinstance(value, (list, tuple))
-  return isinstance(value, type(default))

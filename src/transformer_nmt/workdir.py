@@ -31,15 +31,11 @@ import os
 import pathlib
 from typing import Any, Iterator, Optional
 
-from transformer_nmt.config import (
-  ModelConfig,
-  Sections,
-  migrate,
-  model_config_as_trained,
-  sections,
-)
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.files import write_atomically
+from transformer_nmt.stored_config import migrate, model_config_as_trained
+from transformer_nmt.typed_config import Sections, sections
 
 RESOLVED_MODEL = 'resolved_model'  # config.json's entry for the ModelConfig as trained
 TOKENIZERS = 'tokenizers'  # ... and for the fingerprints of the tokenizers it was trained with

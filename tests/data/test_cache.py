@@ -11,6 +11,7 @@ from configs import tiny
 from transformer_nmt.data import cache
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import DataError
+from transformer_nmt.typed_config import sections
 
 
 @pytest.fixture
@@ -19,16 +20,18 @@ def setup(parallel_files, tmp_path):
   c.data.update(source='text', train_src=str(parallel_files[0]), train_tgt=str(parallel_files[1]),
                 valid_src=str(parallel_files[0]), valid_tgt=str(parallel_files[1]),
                 vocab_size=60, max_len=20)
-  corpus = corpus_lib.read_corpus(c.data, tmp_path)
-  toks = corpus_lib.tokenizers(c.data, corpus, tmp_path)
+  d = sections(c).data
+  corpus = corpus_lib.read_corpus(d, tmp_path)
+  toks = corpus_lib.tokenizers(d, corpus, tmp_path)
   return c, toks, tmp_path / 'cache'
 
 
 def _train(c, toks, directory, forbid_text=False):
-  corpus = corpus_lib.read_corpus(c.data, pathlib.Path('unused: text files are named'))
+  d = sections(c).data
+  corpus = corpus_lib.read_corpus(d, pathlib.Path('unused: text files are named'))
   if forbid_text:
     corpus.read_train = lambda: pytest.fail('the training text was read')
-  return corpus_lib.encode_train(c.data, corpus, *toks, directory)
+  return corpus_lib.encode_train(d, corpus, *toks, directory)
 
 
 def _same(a, b):
@@ -64,8 +67,8 @@ def test_a_changed_corpus_or_tokenizer_is_encoded_again(setup, parallel_files, t
   assert len(grown) == len(before) + 1 and len(_entries(directory)) == 2
   c.data.spm_model_type = 'bpe'  # another tokenizer
   (tmp_path / 'other').mkdir()
-  other = corpus_lib.tokenizers(c.data, corpus_lib.read_corpus(c.data, tmp_path),
-                                tmp_path / 'other')
+  d = sections(c).data
+  other = corpus_lib.tokenizers(d, corpus_lib.read_corpus(d, tmp_path), tmp_path / 'other')
   assert other[0].fingerprint != toks[0].fingerprint
   _train(c, other, directory)
   assert len(_entries(directory)) == 3

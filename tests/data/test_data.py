@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import training_batches
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
 from transformer_nmt.errors import DataError
 
@@ -92,9 +93,9 @@ def test_batches_have_fixed_shapes_budget_and_no_padding_leaks(parallel_files, t
 def test_train_batches_resume_exactly(parallel_files, tokenizer):
   data = _encode(parallel_files, tokenizer, max_len=None)
   budget = 2 * int(data.lengths.max())  # 2-4 rows per batch: several batches per epoch
-  full = data_lib.train_batches(data, budget, seed=3)
+  full = training_batches.train_batches(data, budget, seed=3)
   reference = [next(full) for _ in range(12)]
-  resumed = data_lib.train_batches(data, budget, seed=3, start_step=7)
+  resumed = training_batches.train_batches(data, budget, seed=3, start_step=7)
   for expected in reference[7:]:
     got = next(resumed)
     for key in expected:

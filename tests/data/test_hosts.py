@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import training_batches
 from transformer_nmt.data.ragged import Ragged, concatenate
 
 
@@ -47,8 +48,8 @@ def _equal(a, b):
 @pytest.mark.parametrize('dtype', [np.int32, np.uint16])
 def test_vectorised_collation_matches_one_example_at_a_time(dtype):
   data = _data(dtype=dtype)
-  rows = data_lib.pack_rows(data, np.random.default_rng(1).permutation(len(data)), 64)
-  batch = data_lib.collate_packed(data, rows[:10] + [[]], 13, 64)  # 3 rows left empty
+  rows = training_batches.pack_rows(data, np.random.default_rng(1).permutation(len(data)), 64)
+  batch = training_batches.collate_packed(data, rows[:10] + [[]], 13, 64)  # 3 rows left empty
   _equal(batch, _reference_packed(data, rows[:10] + [[]], 13, 64))
   assert (batch['src_segments'][10:] == 0).all() and batch['src'].dtype == np.int32
   plan = data_lib.BatchPlan(np.array([5, 0, 299]), 4, 32)
@@ -59,13 +60,14 @@ def test_vectorised_collation_matches_one_example_at_a_time(dtype):
 def test_host_shares_stacked_are_the_global_batch(pack_length):
   data = _data()
   tokens = 64 * 16
-  batches = lambda host, start=0: data_lib.train_batches(  # noqa: E731
+  batches = lambda host, start=0: training_batches.train_batches(  # noqa: E731
       data, tokens, seed=5, start_step=start, row_multiple=8, pack_length=pack_length,
       host=host)
   whole = batches((0, 1))
   reference = [next(whole) for _ in range(40)]  # several epochs
   if pack_length:  # the first batch: the first 16 rows that pack_rows makes of epoch 0
-    rows = data_lib.pack_rows(data, np.random.default_rng([5, 0]).permutation(len(data)), 64)
+    order = np.random.default_rng([5, 0]).permutation(len(data))
+    rows = training_batches.pack_rows(data, order, 64)
     _equal(reference[0], _reference_packed(data, rows[:16], 16, 64))
   for count in (2, 4, 8):
     shares = [batches((i, count)) for i in range(count)]
@@ -81,9 +83,9 @@ def test_host_shares_stacked_are_the_global_batch(pack_length):
 
 def test_a_host_that_cannot_split_the_rows_is_refused():
   with pytest.raises(ValueError, match='host 0 of 3'):
-    next(data_lib.train_batches(_data(), 512, seed=0, row_multiple=8, host=(0, 3)))
+    next(training_batches.train_batches(_data(), 512, seed=0, row_multiple=8, host=(0, 3)))
   with pytest.raises(ValueError, match='host 2 of 2'):
-    next(data_lib.train_batches(_data(), 512, seed=0, row_multiple=8, host=(2, 2)))
+    next(training_batches.train_batches(_data(), 512, seed=0, row_multiple=8, host=(2, 2)))
 
 
 def test_ragged_rows_slices_and_concatenation():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.data import training_batches
 from transformer_nmt.model.transformer import Transformer, init_params
 
 
@@ -34,7 +35,7 @@ def test_packed_loss_equals_unpacked_loss_per_example(tiny_cfg):
   model, params = Transformer(cfg), init_params(cfg, jax.random.key(0))
   forward = lambda b: model.apply({'params': params}, b['src'], b['tgt_in'], b['src_segments'],
                                   b['tgt_segments'], b['src_positions'], b['tgt_positions'])
-  packed = data_lib.collate_packed(data, [[0, 1, 2]], num_rows=1, length=16)
+  packed = training_batches.collate_packed(data, [[0, 1, 2]], num_rows=1, length=16)
   assert packed['src_segments'][0].tolist()[:14] == [1] * 3 + [2] * 6 + [3] * 4 + [0]
   assert packed['tgt_positions'][0, 5:9].tolist() == [0, 1, 0, 1]
   got = _per_example_nll(forward(packed), packed)
@@ -47,20 +48,20 @@ def test_packed_loss_equals_unpacked_loss_per_example(tiny_cfg):
 def test_pack_rows_uses_every_example_once_within_the_length():
   lengths = [(3, 5), (6, 2), (4, 4), (7, 7), (2, 3), (5, 6)] * 5
   data = _data(lengths)
-  rows = data_lib.pack_rows(data, range(len(data)), 10)
+  rows = training_batches.pack_rows(data, range(len(data)), 10)
   assert sorted(i for row in rows for i in row) == list(range(len(data)))
   for row in rows:
     assert sum(lengths[i][0] for i in row) <= 10 and sum(lengths[i][1] for i in row) <= 10
   assert len(rows) < len(data)  # packing actually combines pairs
   with pytest.raises(ValueError, match='longer than the packing length'):
-    data_lib.pack_rows(data, [3], 6)
+    training_batches.pack_rows(data, [3], 6)
 
 
 def test_packed_batches_resume_exactly():
   data = _data([(3, 5), (6, 2), (4, 4), (7, 7), (2, 3), (5, 6)] * 4)
-  full = data_lib.train_batches(data, 32, seed=1, pack_length=16)
+  full = training_batches.train_batches(data, 32, seed=1, pack_length=16)
   reference = [next(full) for _ in range(9)]
-  resumed = data_lib.train_batches(data, 32, seed=1, start_step=5, pack_length=16)
+  resumed = training_batches.train_batches(data, 32, seed=1, start_step=5, pack_length=16)
   for expected in reference[5:]:
     got = next(resumed)
     for key in expected:

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.data import batching as data_lib
-from transformer_nmt.data import cache
+from transformer_nmt.data import cache, training_batches
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.errors import ConfigError
+from transformer_nmt.typed_config import sections, validate_config
 
 
 @pytest.fixture(scope='module')
@@ -16,7 +17,7 @@ def experiment(tmp_path_factory):
   from transformer_nmt.training import loop
   config = tiny.get_config()
   config.data.update(demo_sizes=(200, 20, 10), spm_alpha=0.3)
-  return loop.prepare(config, tmp_path_factory.mktemp('sampled') / 'run'), config
+  return loop.prepare(validate_config(config), tmp_path_factory.mktemp('sampled') / 'run'), config
 
 
 def _ids(data):
@@ -44,7 +45,7 @@ def test_validation_is_never_sampled(experiment):
 
 def test_resumed_batches_equal_the_uninterrupted_ones_across_epochs(experiment):
   exp, config = experiment
-  batches = lambda start: data_lib.train_batches(  # noqa: E731
+  batches = lambda start: training_batches.train_batches(  # noqa: E731
       exp.train, 256, seed=0, start_step=start, data_for_epoch=exp.train_epochs)
   run = batches(0)
   straight = [next(run) for _ in range(60)]
@@ -72,13 +73,14 @@ def test_sampled_in_chunks_the_first_as_before_the_others_seeded_apart(experimen
   pairs) is segmented as the unchunked sampling did, so that runs resume as they were."""
   exp, config = experiment
   tok = exp.evaluator.tokenizer
-  lines = corpus_lib.read_corpus(config.data, tok.path.parent).train
+  d = sections(config).data
+  lines = corpus_lib.read_corpus(d, tok.path.parent).train
   sample = dict(alpha=config.data.spm_alpha, nbest=config.data.spm_nbest)
   state = np.random.SeedSequence([0, 3]).generate_state(2)  # unchunked: seeded by (seed, epoch)
   before = data_lib.parallel_ids(tok.sample(lines[0], seed=int(state[0]), **sample),
                                  tok.sample(lines[1], seed=int(state[1]), **sample), tok, tok,
                                  max_len=config.data.max_len, stats=data_lib.ReadStats())
-  epochs = lambda: corpus_lib.sampled_epochs(lambda: lines, tok, tok, config.data, seed=0)  # noqa: E731
+  epochs = lambda: corpus_lib.sampled_epochs(lambda: lines, tok, tok, d, seed=0)  # noqa: E731
   assert _ids(epochs()(3)) == _ids(before)  # 200 pairs: one chunk
   monkeypatch.setattr(cache, 'CHUNK', 64)
   chunked = epochs()(3)

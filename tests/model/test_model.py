@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from configs import base, big
-from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.model.transformer import Transformer, count_params, init_params
+from transformer_nmt.typed_config import model_config_from_dict
 
 
 def closed_form_count(vocab: int, d: int, f: int, n: int, pre_ln: bool,

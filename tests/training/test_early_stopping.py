@@ -6,9 +6,10 @@ import multiprocessing
 
 import pytest
 
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.early_stopping import EarlyStopping
+from transformer_nmt.typed_config import validate_config
 
 
 def test_stops_after_patience_evaluations_without_a_better_bleu():
@@ -62,7 +63,7 @@ def _stop_early_with_a_profile(workdir: str) -> tuple[str, str]:
                       patience=2, profile_steps=(2, 1))
   logs = []
   for _ in range(2):
-    loop.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(validate_config(config), workdir)
     logs.append('\n'.join(messages))
     messages.clear()
   return logs[0], logs[1]

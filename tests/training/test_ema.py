@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.checkpoint import Checkpointer
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.state import (
   TrainState,
@@ -15,6 +15,7 @@ from transformer_nmt.training.state import (
   ema_update,
   make_optimizer,
 )
+from transformer_nmt.typed_config import validate_config
 
 
 def test_decay_zero_gives_the_parameters_and_one_step_matches_a_hand_computation():
@@ -43,7 +44,7 @@ def test_without_warmup_the_decay_is_the_configured_one_from_the_first_step(tiny
   config = default_config()
   config.train.ema_decay, config.train.ema_warmup = 0.9, False
   config.train.warmup_steps = 1  # a first step that moves every weight by about 0.18
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   assert state.ema_decay == 0.9 and state.ema_warmup is False
   grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
   new = state.apply_gradients(grads=grads)
@@ -51,7 +52,8 @@ def test_without_warmup_the_decay_is_the_configured_one_from_the_first_step(tiny
                                 (state.params, new.ema, new.params))):
     assert np.all(np.abs(params - old) > 0.1)  # the warm-up's 2/11 would be far off
     np.testing.assert_allclose(ema - old, 0.1 * (params - old), rtol=1e-4, atol=1e-6)
-  assert create_train_state(tiny_cfg, default_config().train, jax.random.key(0)).ema_warmup
+  defaults = validate_config(default_config()).train
+  assert create_train_state(tiny_cfg, defaults, jax.random.key(0)).ema_warmup
 
 
 def _own_buffers(state) -> bool:
@@ -64,7 +66,7 @@ def _own_buffers(state) -> bool:
 def test_the_average_starts_as_a_copy(tiny_cfg):
   config = default_config()
   config.train.ema_decay = 0.99
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   assert _own_buffers(state) and _own_buffers(jax.device_put(state, jax.devices()[0]))
   np.testing.assert_array_equal(jax.flatten_util.ravel_pytree(state.ema)[0],
                                 jax.flatten_util.ravel_pytree(state.params)[0])
@@ -72,7 +74,7 @@ def test_the_average_starts_as_a_copy(tiny_cfg):
 
 def test_off_by_default_and_bad_values_refused(tiny_cfg):
   config = default_config()
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   assert state.ema is None and state.eval_params is state.params
   for bad in (1.0, -0.1):
     config.train.ema_decay = bad
@@ -88,7 +90,7 @@ def _run(workdir, num_steps, ema_decay):
   config.train.update(num_steps=num_steps, eval_every=1000, log_every=1, checkpoint_every=2,
                       ema_decay=ema_decay)
   config.eval.update(bleu_sentences=0)
-  loop.train_and_evaluate(config, str(workdir))
+  loop.train_and_evaluate(validate_config(config), str(workdir))
 
 
 def _checkpoint(workdir, step, ema=True):
@@ -134,9 +136,9 @@ def test_a_checkpoint_restores_whether_or_not_it_has_an_ema(tmp_path, tiny_cfg):
   move the checkpoint aside as damaged); a missing average starts from the weights."""
   from transformer_nmt.checkpoint import loop_state
   config = default_config()
-  plain = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  plain = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   config.train.ema_decay = 0.9
-  averaged = create_train_state(tiny_cfg, config.train, jax.random.key(1))
+  averaged = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(1))
   averaged = averaged.replace(ema=jax.tree_util.tree_map(lambda x: x + 1.0, averaged.params))
   ckpt = Checkpointer(tmp_path / 'ckpt')
   ckpt.save(1, plain, loop_state(0, jax.random.key(2)))

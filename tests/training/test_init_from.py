@@ -12,6 +12,7 @@ from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.model.transformer import init_params
 from transformer_nmt.training import loop
 from transformer_nmt.training.init_from import check_init_from
+from transformer_nmt.typed_config import validate_config
 from transformer_nmt.workdir import Workdir
 
 
@@ -48,8 +49,8 @@ def test_a_run_starts_from_the_earlier_runs_weights_with_a_fresh_optimizer(tiny_
   before = _weights(source, 20)
   tuned = tmp_path / 'tuned'
   with caplog.at_level(logging.INFO):
-    loop.train_and_evaluate(_config(source, learning_rate_multiplier=1e-9, ema_decay=0.5),
-                            str(tuned))
+    loop.train_and_evaluate(validate_config(_config(source, learning_rate_multiplier=1e-9,
+                                                    ema_decay=0.5)), str(tuned))
   assert 'Starting from the weights of' in caplog.text
   ckpt = Checkpointer(tuned / 'checkpoints', read_only=True)
   assert ckpt.all_steps() == [2]
@@ -62,7 +63,8 @@ def test_a_run_starts_from_the_earlier_runs_weights_with_a_fresh_optimizer(tiny_
   assert np.abs(fresh - before).max() > 0.1
   shutil.rmtree(source)
   resumed = _config(source, learning_rate_multiplier=1e-9, ema_decay=0.5, num_steps=4)
-  loop.train_and_evaluate(resumed, str(tuned))  # from its own step 2, not the gone source
+  # from its own step 2, not the gone source
+  loop.train_and_evaluate(validate_config(resumed), str(tuned))
   np.testing.assert_allclose(_weights(tuned, 4, ema=False), before, atol=1e-6)
 
 
@@ -83,15 +85,15 @@ def test_a_source_that_does_not_fit_is_refused_before_anything_is_written(tiny_w
   wider = _config(tiny_workdir)
   wider.model.d_ff = 128
   cases.append((wider, ConfigError, 'its parameters do not fit this model'))
-  check_init_from(_config(tiny_workdir))  # one that fits
+  check_init_from(validate_config(_config(tiny_workdir)))  # one that fits
   for config, error, message in cases:
     workdir = tmp_path / 'tuned'
     with pytest.raises(error, match=re.escape(message)):
-      loop.prepare(config, workdir)
+      loop.prepare(validate_config(config), workdir)
     assert not workdir.exists()
     (workdir / 'checkpoints').mkdir(parents=True)
     with pytest.raises(error, match=re.escape(message)):
-      loop.prepare(config, workdir)
+      loop.prepare(validate_config(config), workdir)
     assert [p.name for p in workdir.iterdir()] == ['checkpoints']
     shutil.rmtree(workdir)
 
@@ -103,7 +105,7 @@ def test_a_damaged_source_checkpoint_is_one_error(tiny_workdir, tmp_path):
   array = max((source / 'checkpoints' / '20').rglob('*'), key=lambda p: p.stat().st_size)
   array.write_bytes(b'0' * array.stat().st_size)
   with pytest.raises(DataError, match=r'train.init_from=.*checkpoint .*20 does not read back'):
-    loop.train_and_evaluate(_config(source), str(tmp_path / 'tuned'))
+    loop.train_and_evaluate(validate_config(_config(source)), str(tmp_path / 'tuned'))
 
 
 def test_another_sentencepiece_model_is_refused(tiny_workdir, tmp_path):
@@ -115,12 +117,12 @@ def test_another_sentencepiece_model_is_refused(tiny_workdir, tmp_path):
   config = _config(tiny_workdir)
   config.data.spm_model = str(other)
   with pytest.raises(DataError, match='is not the src SentencePiece model train.init_from='):
-    check_init_from(config)
+    check_init_from(validate_config(config))
   # A workdir left by an attempt that failed before its first checkpoint keeps the
   # tokenizer it trained or copied then, whatever data.spm_model now says.
   workdir = tmp_path / 'tuned'
   workdir.mkdir()
   (workdir / 'spm.model').write_bytes(other.read_bytes())
   with pytest.raises(DataError, match=f'the SentencePiece model in {workdir} is not the src'):
-    loop.prepare(_config(tiny_workdir), workdir)
+    loop.prepare(validate_config(_config(tiny_workdir)), workdir)
 

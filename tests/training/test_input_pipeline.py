@@ -5,6 +5,7 @@ import json
 
 from configs import tiny
 from transformer_nmt.training import loop as trainer
+from transformer_nmt.typed_config import validate_config
 
 
 def _rows(workdir):
@@ -20,7 +21,7 @@ def test_prefetching_changes_no_loss_and_logs_the_data_wait(tmp_path):
     c.data.update(prefetch=depth, pack_length=48, spm_alpha=0.2, demo_sizes=(300, 8, 8))
     c.train.update(num_steps=24, log_every=4, eval_every=24, checkpoint_every=24)
     c.eval.update(bleu_sentences=2)
-    trainer.train_and_evaluate(c, str(tmp_path / str(depth)))
+    trainer.train_and_evaluate(validate_config(c), str(tmp_path / str(depth)))
     rows = [r for r in _rows(tmp_path / str(depth)) if 'train_loss' in r]
     assert all(0.0 <= r['data_wait'] < 1.0 for r in rows)
     losses[depth] = [r['train_loss'] for r in rows]

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, shared_compile_cache
 
 from transformer_nmt.training.preemption import StopRequest
+from transformer_nmt.typed_config import validate_config
 
 
 def test_a_signal_only_sets_the_flag():
@@ -137,12 +138,13 @@ def test_sigterm_during_a_checkpoint_save_lets_it_finish_then_stops(tmp_path, mo
     return real_save(manager, step, *args, **kwargs)
   monkeypatch.setattr(ocp.CheckpointManager, 'save', save_with_a_signal)
   with pytest.raises(Stopped):
-    trainer.train_and_evaluate(config, str(workdir))
+    trainer.train_and_evaluate(validate_config(config), str(workdir))
   assert signalled == [2]
   checkpoints = workdir / 'checkpoints'
   assert sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) == ['2']
   assert json.loads((checkpoints / '2' / CHECKSUMS).read_text())  # sealed: the save finished
   assert max(_losses(workdir)) == 2
-  trainer.train_and_evaluate(config, str(workdir))  # verifies the checksums, then resumes
+  # verifies the checksums, then resumes
+  trainer.train_and_evaluate(validate_config(config), str(workdir))
   assert sorted(_losses(workdir)) == [1, 2, 3, 4]
   assert not (checkpoints / 'quarantine').exists()

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from transformer_nmt.training.loop import Progress
+from transformer_nmt.training.progress import Progress
 
 
 class Clock:

@@ -7,9 +7,10 @@ import optax
 import pytest
 
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import default_config, validate_config
+from transformer_nmt.config import default_config
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.training.state import create_train_state, learning_rate_fn, make_optimizer
+from transformer_nmt.typed_config import validate_config
 
 PARAMS = {'dense': {'kernel': jnp.full((3, 4), 2.0), 'bias': jnp.full((4,), 2.0)},
           'norm': {'scale': jnp.full((4,), 2.0)}, 'embed': {'embedding': jnp.full((5, 4), -1.0)}}
@@ -55,7 +56,7 @@ def test_off_by_default_keeps_adams_state_layout_and_bad_values_are_refused(tiny
   """Checkpoints of runs without decay keep the optimizer state they always had."""
   config = default_config()
   assert config.train.weight_decay == 0.0
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   adam = optax.adam(lambda step: 1e-3).init(state.params)  # a schedule, as eq. 3
   assert jax.tree_util.tree_structure(state.opt_state) == jax.tree_util.tree_structure(adam)
   config.train.weight_decay = -0.1
@@ -66,10 +67,10 @@ def test_off_by_default_keeps_adams_state_layout_and_bad_values_are_refused(tiny
 def test_the_models_kernels_and_embeddings_decay_and_its_biases_and_norms_do_not(tiny_cfg):
   config = default_config()
   config.train.update(weight_decay=0.01, warmup_steps=1)  # eq. 3's rate 0.18 at the first update
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
   moved = state.apply_gradients(grads=zeros)  # zero gradients: only the decay moves weights
-  factor = 1 - float(learning_rate_fn(tiny_cfg, config.train)(0)) * 0.01
+  factor = 1 - float(learning_rate_fn(tiny_cfg, validate_config(config).train)(0)) * 0.01
   kinds = set()
   for path, before in jax.tree_util.tree_leaves_with_path(state.params):
     kind, name = path[-1].key, jax.tree_util.keystr(path)  # kernel, embedding, bias or scale
@@ -87,20 +88,20 @@ def test_checkpoints_keep_the_state_and_a_changed_setting_is_named(tiny_cfg, tmp
   state: the error names the option instead of calling the files damaged, and moves none."""
   config = default_config()
   config.train.update(weight_decay=0.01, warmup_steps=1)
-  state = create_train_state(tiny_cfg, config.train, jax.random.key(0))
+  state = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(0))
   grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
   state = state.apply_gradients(grads=grads)
   ckpt = Checkpointer(tmp_path / 'run' / 'checkpoints')
   ckpt.save(1, state, loop_state(0, jax.random.key(1)))
   ckpt.close()
-  fresh = create_train_state(tiny_cfg, config.train, jax.random.key(2))
+  fresh = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(2))
   ckpt = Checkpointer(tmp_path / 'run' / 'checkpoints')
   restored, _ = ckpt.restore_latest_readable(fresh)
   for a, b in zip(jax.tree_util.tree_leaves(restored.opt_state),
                   jax.tree_util.tree_leaves(state.opt_state)):
     np.testing.assert_array_equal(a, b)
   config.train.weight_decay = 0.0
-  plain = create_train_state(tiny_cfg, config.train, jax.random.key(2))
+  plain = create_train_state(tiny_cfg, validate_config(config).train, jax.random.key(2))
   with pytest.raises(ConfigError, match='train.weight_decay or train.clip_grad_norm'):
     ckpt.restore_latest_readable(plain)
   assert ckpt.all_steps() == [1]

@@ -1,5 +1,5 @@
-"""From a config's `data` section to tokenised datasets: read (or generate) text, load or
-train SentencePiece in the workdir, encode and bucket."""
+"""From a config's `data` section (DataConfig) to tokenised datasets: read (or generate) text,
+load or train SentencePiece in the workdir, encode and bucket."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pathlib
 import shutil
 from typing import Callable, Iterator, Optional, Sequence
 
-import ml_collections
 import numpy as np
 
 from transformer_nmt import sharding
+from transformer_nmt.config import DataConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import cache
 from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
@@ -20,7 +20,6 @@ from transformer_nmt.errors import ConfigError
 from transformer_nmt.workdir import Workdir
 
 Lines = tuple[list[str], list[str], data_lib.ReadStats]
-DataSection = ml_collections.ConfigDict  # a config's `data` section (config.DataConfig's fields)
 
 
 @dataclasses.dataclass
@@ -52,11 +51,11 @@ class Corpus:
     return self._train
 
 
-def _paths(data_cfg: DataSection, split: str) -> tuple[str, str]:
+def _paths(data_cfg: DataConfig, split: str) -> tuple[str, str]:
   return getattr(data_cfg, f'{split}_src'), getattr(data_cfg, f'{split}_tgt')
 
 
-def read_corpus(data_cfg: DataSection, workdir: pathlib.Path) -> Corpus:
+def read_corpus(data_cfg: DataConfig, workdir: pathlib.Path) -> Corpus:
   """Reads the configured files (generating the demo corpus first for source='demo')."""
   if data_cfg.source == 'tfds':
     return _read_tfds(data_cfg)
@@ -102,23 +101,22 @@ def _read_train(pairs: list[tuple[str, str]]) -> Lines:
   return src, tgt, stats
 
 
-def _read_tfds(data_cfg: DataSection) -> Corpus:
+def _read_tfds(data_cfg: DataConfig) -> Corpus:
   import jax
 
   from transformer_nmt.data import tfds as tfds_data
   train, valid, test = data_cfg.tfds_splits
   share = (data_cfg.max_train_examples, (jax.process_index(), jax.process_count()))
-  cfg = data_cfg.copy_and_resolve_references()  # read later (see Corpus): the config of now
-  return Corpus(
-      read_train=lambda: tfds_data.read_split(cfg, train, *share),
+  return Corpus(  # data_cfg is frozen: what is read later (see Corpus) is what it says now
+      read_train=lambda: tfds_data.read_split(data_cfg, train, *share),
       valid=tfds_data.read_split(data_cfg, valid),
       test=tfds_data.read_split(data_cfg, test) if test else None,
       host_sharded=share[1][1] > 1,
-      train_files=lambda: tfds_data.split_identity(cfg, train, *share),
-      train_chunks=lambda: tfds_data.read_chunks(cfg, train, *share, size=cache.CHUNK))
+      train_files=lambda: tfds_data.split_identity(data_cfg, train, *share),
+      train_chunks=lambda: tfds_data.read_chunks(data_cfg, train, *share, size=cache.CHUNK))
 
 
-def tokenizers(data_cfg: DataSection, corpus: Corpus,
+def tokenizers(data_cfg: DataConfig, corpus: Corpus,
                workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   """(source, target) tokenizers: reused from the workdir, copied from data.spm_model, or trained.
 
@@ -130,7 +128,7 @@ def tokenizers(data_cfg: DataSection, corpus: Corpus,
   return trained[0] if trained else _tokenizers(data_cfg, corpus, workdir)
 
 
-def _tokenizers(data_cfg: DataSection, corpus: Corpus,
+def _tokenizers(data_cfg: DataConfig, corpus: Corpus,
                 workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_path, tgt_path = Workdir(workdir).tokenizer_paths(data_cfg.joint_vocab)
   if data_cfg.joint_vocab:
@@ -143,7 +141,7 @@ def _tokenizers(data_cfg: DataSection, corpus: Corpus,
           _load_or_train(data_cfg, tgt_path, lambda: corpus.train[1], ''))
 
 
-def _load_or_train(data_cfg: DataSection, path: pathlib.Path,
+def _load_or_train(data_cfg: DataConfig, path: pathlib.Path,
                    text: Callable[[], list[str]], given: str) -> Tokenizer:
   """The model at `path`; else a copy of `given`; else one trained on `text()`."""
   if path.exists():
@@ -166,7 +164,7 @@ def _load_or_train(data_cfg: DataSection, path: pathlib.Path,
   return tok
 
 
-def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: DataSection,
+def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: DataConfig,
            train: bool) -> data_lib.ParallelData:
   """Tokenises one split; only the training split drops pairs over data.max_len."""
   src, tgt, stats = lines
@@ -176,7 +174,7 @@ def encode(lines: Lines, src_tok: Tokenizer, tgt_tok: Tokenizer, data_cfg: DataS
                                   max_len=data_cfg.max_len if train else None)
 
 
-def encode_train(data_cfg: DataSection, corpus: Corpus, src_tok: Tokenizer,
+def encode_train(data_cfg: DataConfig, corpus: Corpus, src_tok: Tokenizer,
                  tgt_tok: Tokenizer, directory: Optional[pathlib.Path]) -> data_lib.ParallelData:
   """The training split encoded, through the cache in `directory` (data/cache.py) when given
   and the text comes from files: mapped when an entry matches, else encoded and stored.
@@ -214,7 +212,7 @@ def _encode_streamed(chunks: Iterator[Lines], src_tok: Tokenizer, tgt_tok: Token
 
 
 def sampled_epochs(text: Callable[[], Lines], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                   data_cfg: DataSection,
+                   data_cfg: DataConfig,
                    seed: int) -> Callable[[int], data_lib.ParallelData]:
   """Subword regularisation (data.spm_alpha > 0): epoch -> the training split segmented by
   SentencePiece sampling, the same for the same (seed, epoch), another for another epoch.

@@ -11,6 +11,7 @@ import logging
 import pathlib
 from typing import Any, Iterator
 
+from transformer_nmt.config import DataConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.errors import ConfigError, DataError
 
@@ -29,7 +30,7 @@ def _as_text(value: Any) -> str:
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
-def split_identity(data_cfg: Any, split: str, limit: int = 0,
+def split_identity(data_cfg: DataConfig, split: str, limit: int = 0,
                    shard: tuple[int, int] = (0, 1)) -> list[dict]:
   """What tells this share of a split from another or a changed one (the key of its encoded
   pairs in data/cache.py): the dataset's name and version, the share, and the size and
@@ -43,7 +44,7 @@ def split_identity(data_cfg: Any, split: str, limit: int = 0,
            'data_dir': str(directory)}] + [cache.file_identity(str(f)) for f in files]
 
 
-def _source(data_cfg: Any, split: str) -> Any:
+def _source(data_cfg: DataConfig, split: str) -> Any:
   """tfds's random-access reader of one split; a DataError says how to prepare it."""
   tfds = _tfds()
   try:
@@ -55,7 +56,7 @@ def _source(data_cfg: Any, split: str) -> Any:
                     f'with: tfds build {data_cfg.tfds_name.split("/")[0]})') from None
 
 
-def read_split(data_cfg: Any, split: str, limit: int = 0,
+def read_split(data_cfg: DataConfig, split: str, limit: int = 0,
                shard: tuple[int, int] = (0, 1)) -> tuple[list[str], list[str], data_lib.ReadStats]:
   """(source lines, target lines, stats) of one split; pairs with an empty side are skipped
   and counted, newlines inside a sentence become spaces.
@@ -76,7 +77,7 @@ def read_split(data_cfg: Any, split: str, limit: int = 0,
   return src, tgt, stats
 
 
-def read_chunks(data_cfg: Any, split: str, limit: int = 0, shard: tuple[int, int] = (0, 1),
+def read_chunks(data_cfg: DataConfig, split: str, limit: int = 0, shard: tuple[int, int] = (0, 1),
                 size: int = 50_000
                 ) -> Iterator[tuple[list[str], list[str], data_lib.ReadStats]]:
   """`read_split`'s share `size` examples at a time, each chunk with its own stats: what

@@ -15,17 +15,16 @@ from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer_nmt.checkpoint import Checkpointer, describe
-from transformer_nmt.config import model_config_from_dict
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.model.transformer import init_params
+from transformer_nmt.typed_config import Sections, model_config_from_dict
 from transformer_nmt.workdir import Workdir
 
 
-def check_init_from(config: ml_collections.ConfigDict) -> None:
+def check_init_from(config: Sections) -> None:
   """Raises ConfigError or DataError, naming the option, unless train.init_from (when set) is
   a workdir with a checkpoint whose parameters fit this run's model, trained with the
   SentencePiece model data.spm_model gives. Reads files only: call it before any write."""

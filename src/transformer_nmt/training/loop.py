@@ -1,34 +1,30 @@
-"""train_and_evaluate(config, workdir): the training loop, built from the library's pieces."""
+"""train_and_evaluate(config, workdir): the training loop, built from the library's pieces.
+
+`config` is the run's typed `Sections` (typed_config.validate_config, done once by the program).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import pathlib
-import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
-import numpy as np
 
 from transformer_nmt import sharding
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.config import (
-  ModelConfig,
-  model_as_trained,
-  model_config_from_dict,
-  validate_config,
-)
+from transformer_nmt.config import EvalConfig, ModelConfig, TrainConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.data.prefetch import Prefetcher
+from transformer_nmt.data.training_batches import train_batches
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.metrics import MetricWriter, read_metrics
 from transformer_nmt.model.transformer import count_params
+from transformer_nmt.stored_config import model_as_trained
 from transformer_nmt.training.early_stopping import EarlyStopping
 from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator, subset
 from transformer_nmt.training.init_from import (
@@ -37,17 +33,23 @@ from transformer_nmt.training.init_from import (
   has_checkpoint,
   start_from,
 )
+from transformer_nmt.training.jitted import (
+  accumulation_steps,
+  make_mesh,
+  make_step,
+  state_shardings,
+)
 from transformer_nmt.training.memory import check_batch_fits
 from transformer_nmt.training.preemption import Stopped, StopRequest
 from transformer_nmt.training.profiling import Profile
-from transformer_nmt.training.state import create_train_state, learning_rate_fn
-from transformer_nmt.training.steps import apply_accumulated, grad_step, train_step
+from transformer_nmt.training.progress import Progress
+from transformer_nmt.training.state import create_train_state
+from transformer_nmt.typed_config import Sections, model_config_from_dict
 from transformer_nmt.workdir import RESOLVED_MODEL, Workdir
 
 
-def check_devices(config: ml_collections.ConfigDict) -> None:
+def check_devices(t: TrainConfig) -> None:
   """The one check that needs this run's devices: FSDP's axis must divide them."""
-  t = config.train
   if t.shard_params and t.fsdp_devices and jax.device_count() % t.fsdp_devices:
     raise ConfigError(f'train.fsdp_devices={t.fsdp_devices} must be 0 (all devices) or divide '
                       f'the {jax.device_count()} devices')
@@ -69,15 +71,15 @@ class Experiment:
   train_epochs: Optional[Callable[[int], data_lib.ParallelData]] = None
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+def prepare(config: Sections, workdir: pathlib.Path,
             hold: Optional[contextlib.ExitStack] = None) -> Experiment:
   """Reads data, sets up tokenizers in the workdir and writes the resolved config.
 
-  Nothing is written before the config and the data have been checked; from the first write
-  on, process 0 holds the workdir's lock in `hold` (see `Workdir.lock`).
+  Nothing is written before the config (validated by the program: `validate_config`), the
+  devices and the data have been checked; from the first write on, process 0 holds the
+  workdir's lock in `hold` (see `Workdir.lock`).
   """
-  typed = validate_config(config)
-  check_devices(config)
+  check_devices(config.train)
   starting_from = config.train.init_from and not has_checkpoint(workdir)  # else: its own
   if starting_from:
     check_init_from(config)
@@ -87,8 +89,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     if place.exists() and not place.is_dir():  # Orbax would train for nothing, then hang
       raise DataError(f'{place} is a file, not a directory of checkpoints: move it away')
   # Before the data are read: reading a demo corpus writes it into the workdir.
-  _check_model(config, workdir)
-  check_batch_fits(typed.data, jax.process_count())
+  _check_model(config.model, workdir)
+  check_batch_fits(config.data, jax.process_count())
   if (config.data.source == 'tfds' and jax.process_count() > 1
       and not config.data.pack_length):
     raise ConfigError("data.source='tfds' with several processes reads one shard per process; "
@@ -120,7 +122,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     s = split.stats
     logging.info('%s: %d lines, %d pairs kept, %d skipped (empty side), %d skipped (over %d '
                  'tokens)', name, s.lines, s.kept, s.empty, s.too_long, config.data.max_len)
-  evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok, typed.decode)
+  evaluator = Evaluator(model_cfg, config.train.label_smoothing, tgt_tok, src_tok, config.decode)
   epochs = (corpus_lib.sampled_epochs(lambda: corpus.train, src_tok, tgt_tok, config.data,
                                       config.train.seed) if config.data.spm_alpha > 0 else None)
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
@@ -128,7 +130,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
                     corpus.host_sharded, epochs)
 
 
-def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelConfig,
+def _check_and_write_config(config: Sections, model_cfg: ModelConfig,
                             workdir: pathlib.Path, tokenizers: dict[str, str]) -> None:
   """Writes config.json; refuses a workdir whose checkpoints belong to another model config
   or other tokenizers."""
@@ -138,7 +140,7 @@ def _check_and_write_config(config: ml_collections.ConfigDict, model_cfg: ModelC
   wd.write_config(config.to_dict(), model_cfg, tokenizers)
 
 
-def _check_model(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+def _check_model(model: Mapping[str, Any], workdir: pathlib.Path) -> None:
   """`_refuse_another_model` before the tokenizers are known: the model section compared
   with the vocabulary sizes the workdir was trained with (a changed vocabulary is the
   tokenizer check's to refuse)."""
@@ -148,7 +150,7 @@ def _check_model(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> No
   old = wd.read_config().get(RESOLVED_MODEL, {})
   if 'vocab_size' in old:
     _refuse_another_model(workdir, model_config_from_dict(
-        config.model, vocab_size=old['vocab_size'],
+        model, vocab_size=old['vocab_size'],
         src_vocab_size=old.get('src_vocab_size') or old['vocab_size']))
 
 
@@ -167,74 +169,7 @@ def _refuse_another_model(workdir: pathlib.Path, model_cfg: ModelConfig) -> None
                       'model.* to match, or use a new --workdir')
 
 
-class Progress:
-  """Accumulates step metrics on device and logs them (one host sync per log).
-
-  Time spent outside training (evaluation, saving the best checkpoint), declared with
-  `outside_training`, is left out of tokens/s, the elapsed training time and the time left,
-  wherever it falls in a logging interval. `data_wait` is the share of the interval's
-  training time that the loop spent waiting for batches (`add`'s `waited`).
-  """
-
-  def __init__(self, num_steps: int, start: int, wall_before: float = 0.0,
-               clock: Callable[[], float] = time.time):
-    self.num_steps, self.start_step, self.clock = num_steps, start, clock
-    self.pending: list[dict] = []
-    self.padding: list[float] = []
-    self.waited = 0.0  # seconds waiting for data in the current logging interval
-    self.t0 = self.interval_start = clock()
-    self.wall0 = self.t0 - wall_before  # wall_s counts earlier runs of a resumed workdir too
-    self.paused = 0.0  # seconds outside training in the current logging interval
-    self.paused_total = 0.0  # ... since the start
-
-  def add(self, metrics: dict, batches: list[data_lib.Batch], waited: float = 0.0) -> None:
-    """One step's device metrics, its host batches, and the seconds it waited for them."""
-    self.pending.append(metrics)
-    self.waited += waited
-    self.padding.extend(data_lib.padding_fraction(b) for b in batches)
-
-  @contextlib.contextmanager
-  def outside_training(self) -> Iterator[None]:
-    start = self.clock()
-    try:
-      yield
-    finally:
-      spent = self.clock() - start
-      self.paused += spent
-      self.paused_total += spent
-
-  def log(self, step: int) -> dict:
-    sums = sharding.local_copy(self.pending)  # the one host sync per logging interval
-    tokens = sum(float(m['tokens']) for m in sums)
-    real_src = sum(float(m.get('src_tokens', 0.0)) for m in sums)
-    now = self.clock()
-    trained = now - self.t0 - self.paused_total
-    per_step = trained / max(step - self.start_step, 1)
-    interval = now - self.interval_start - self.paused
-    row = {'train_loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
-           'train_nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
-           'learning_rate': float(sums[-1]['learning_rate']),
-           'grad_norm': float(np.mean([m['grad_norm'] for m in sums])),
-           'tokens_per_sec': (tokens + real_src) / max(interval, 1e-9),
-           'padding_fraction': float(np.mean(self.padding)),
-           'data_wait': self.waited / max(interval, 1e-9),
-           'wall_s': now - self.wall0}
-    logging.info('step %d/%d | loss %.3f (nll %.3f) | lr %.2e | %.0f tok/s | pad %.0f%% | '
-                 'data wait %.1f%% | %s elapsed, %s left', step, self.num_steps,
-                 row['train_loss'], row['train_nll'], row['learning_rate'],
-                 row['tokens_per_sec'], 100 * row['padding_fraction'], 100 * row['data_wait'],
-                 _hms(trained), _hms(per_step * (self.num_steps - step)))
-    self.pending, self.padding, self.interval_start, self.paused = [], [], now, 0.0
-    self.waited = 0.0
-    return row
-
-
-def _hms(seconds: float) -> str:
-  m, s = divmod(int(seconds), 60)
-  return f'{m // 60}h{m % 60:02d}m' if m >= 60 else f'{m}m{s:02d}s'
-
-
-def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, step: int,
+def evaluate(exp: Experiment, params: Any, eval_cfg: EvalConfig, step: int,
              final: bool = False) -> dict:
   """Validation loss and greedy BLEU, logged.
 
@@ -244,7 +179,7 @@ def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, st
   """
   ev = exp.evaluator
   loss = ev.loss(params, exp.valid)
-  sample = subset(exp.valid, config.eval.bleu_sentences)
+  sample = subset(exp.valid, eval_cfg.bleu_sentences)
   bleu, _, signature = ev.bleu(params, sample, exp.valid_refs)
   row = {'eval_loss': loss['loss'], 'eval_nll': loss['nll'], 'eval_perplexity': loss['perplexity'],
          'eval_accuracy': loss['accuracy'], 'eval_bleu': bleu}
@@ -258,12 +193,12 @@ def evaluate(exp: Experiment, params: Any, config: ml_collections.ConfigDict, st
   return row
 
 
-def _evaluate_and_keep_best(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+def _evaluate_and_keep_best(exp: Experiment, config: Sections, state: Any,
                             step: int, ckpt: Checkpointer, best: Optional[Checkpointer],
                             loop: dict) -> dict:
   """`evaluate`'s row; the state is also saved in best/ when `best` is given (it keeps the
   checkpoint with the highest eval_bleu)."""
-  row = evaluate(exp, sharding.local_copy(state.eval_params), config, step,
+  row = evaluate(exp, sharding.local_copy(state.eval_params), config.eval, step,
                  final=step == config.train.num_steps)
   if best is not None:
     ckpt.check_for_errors()  # no second save after a failed one (a full disk)
@@ -271,8 +206,10 @@ def _evaluate_and_keep_best(exp: Experiment, config: ml_collections.ConfigDict, 
   return row
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
+def train_and_evaluate(config: Sections, workdir: str) -> None:
   """Trains, resuming from the workdir's latest checkpoint, and evaluates at the end.
+
+  `config`: the run's sections, as `validate_config` gives them (config.json stores them).
 
   Process 0 holds the workdir's lock from its first write to the end of the run: a second
   run on the same workdir stops at once.
@@ -282,7 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> None:
     _train_and_evaluate(config, workdir, hold, stop)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+def _train_and_evaluate(config: Sections, workdir: str,
                         hold: contextlib.ExitStack, stop: StopRequest) -> None:
   workdir_path = pathlib.Path(workdir)
   exp = prepare(config, workdir_path, hold)
@@ -292,7 +229,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   rng = jax.random.key(t.seed)
   state = create_train_state(exp.model_cfg, t, jax.random.fold_in(rng, 0))
   logging.info('Model: %s parameters', f'{count_params(state.params):,}')
-  mesh = make_mesh(config)
+  mesh = make_mesh(t)
   if mesh.size > 1:
     logging.info('Data parallel over %d devices (%s)', mesh.size, jax.default_backend())
   placement = state_shardings(state, mesh)
@@ -323,76 +260,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       closing.callback(ckpt.close)
 
 
-def make_mesh(config: ml_collections.ConfigDict, devices: Optional[list] = None) -> Any:
-  """The [data, fsdp] device mesh of a run: fsdp 1 (data parallel) unless train.shard_params,
-  then train.fsdp_devices (0 = all devices) on the fsdp axis."""
-  devices = jax.devices() if devices is None else devices
-  t = config.train
-  fsdp = (t.fsdp_devices or len(devices)) if t.shard_params else 1
-  return sharding.device_mesh(devices, fsdp)
-
-
-def state_shardings(state: Any, mesh: Any) -> Any:
-  """Where the train state lives: replicated on every device, or, when the mesh has an fsdp
-  axis, parameters and Adam moments split over it (FSDP)."""
-  if mesh.shape[sharding.FSDP_AXIS] > 1:
-    placement = sharding.fsdp_shardings(state, mesh)
-    split = [p for p in jax.tree_util.tree_leaves(placement) if not p.is_fully_replicated]
-    logging.info('FSDP: %d of %d state arrays split over %d devices', len(split),
-                 len(jax.tree_util.tree_leaves(placement)), mesh.shape[sharding.FSDP_AXIS])
-    return placement
-  return jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), state)
-
-
-def accumulation_steps(config: ml_collections.ConfigDict) -> int:
-  """Micro-batches per update: train.global_batch_tokens / data.tokens_per_batch, rounded."""
-  return max(1, round(config.train.global_batch_tokens / config.data.tokens_per_batch))
-
-
-def jit_steps(model_cfg: ModelConfig, t: ml_collections.ConfigDict, mesh: Any, placement: Any,
-              donate: bool) -> dict[str, Any]:
-  """The jitted programs of one update, keyed 'train' (one batch per update), or 'grad',
-  'add' and 'apply' (gradient accumulation). The new state keeps the shardings `placement`;
-  with `donate`, the old state's buffers are reused for the new one."""
-  lr = learning_rate_fn(model_cfg, t)
-  out = (placement, sharding.replicated(mesh))
-  donated = 0 if donate else ()
-  gather = sharding.params_for_compute(mesh, placement.params, model_cfg.dtype)
-  return {
-      'train': jax.jit(functools.partial(train_step, label_smoothing=t.label_smoothing,
-                                         learning_rate_fn=lr, gather_params=gather),
-                       out_shardings=out, donate_argnums=donated),
-      'grad': jax.jit(functools.partial(grad_step, label_smoothing=t.label_smoothing,
-                                        gather_params=gather)),
-      'add': jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), donate_argnums=donated),
-      'apply': jax.jit(functools.partial(apply_accumulated, learning_rate_fn=lr),
-                       out_shardings=out, donate_argnums=donated),
-  }
-
-
-def _make_step(exp: Experiment, t: ml_collections.ConfigDict, mesh: Any, accumulate: int,
-               placement: Any) -> Callable[[Any, list, jax.Array], tuple[Any, dict]]:
-  """(state, micro-batches, rng) -> (state, metrics): one update over `accumulate` batches."""
-  steps = jit_steps(exp.model_cfg, t, mesh, placement, donate=jax.default_backend() != 'cpu')
-  if accumulate == 1:
-    return lambda state, batches, rng: steps['train'](state, batches[0], rng)
-
-  def step(state: Any, batches: list, rng: jax.Array) -> tuple[Any, dict]:
-    total = None
-    for i, batch in enumerate(batches):
-      grads = steps['grad'](state, batch, jax.random.fold_in(rng, i))
-      total = grads if total is None else steps['add'](total, grads)
-    return steps['apply'](state, *total)
-  return step
-
-
 @jax.jit
 def _count_real(segments: jax.Array) -> jax.Array:
   """Real (non-padding) positions of a global [B, L] segment-id array."""
   return jnp.count_nonzero(segments)
 
 
-def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
+def _input_pipeline(exp: Experiment, config: Sections,
                     data_position: int) -> Iterator[data_lib.Batch]:
   """This process's rows of the global batches from `data_position` on."""
   if exp.host_sharded:  # each process batches its own shard: its rows of the global batch
@@ -401,12 +275,12 @@ def _input_pipeline(exp: Experiment, config: ml_collections.ConfigDict,
   else:  # every process plans the same global batch and builds only its own rows of it
     tokens, devices, host = (config.data.tokens_per_batch, jax.device_count(),
                              (jax.process_index(), jax.process_count()))
-  return data_lib.train_batches(exp.train, tokens, config.train.seed, data_position,
+  return train_batches(exp.train, tokens, config.train.seed, data_position,
                                 row_multiple=devices, pack_length=config.data.pack_length,
                                 data_for_epoch=exp.train_epochs, host=host)
 
 
-def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
+def _train_loop(exp: Experiment, config: Sections, state: Any,
                 placement: Any, data_position: int, mesh: Any, ckpt: Checkpointer,
                 best: Optional[Checkpointer], writer: MetricWriter, dropout_rng: jax.Array,
                 stop: StopRequest) -> None:
@@ -424,12 +298,12 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
     logging.info('Stopped early before (no better validation BLEU in %d evaluations since step '
                  '%d); raise train.patience to go on', early.since, early.best_step)
     return
-  accumulate = accumulation_steps(config)
+  accumulate = accumulation_steps(t, config.data)
   if accumulate > 1:
     logging.info('Global batch: %d micro-batches of %d tokens per side (about %d tokens)',
                  accumulate, config.data.tokens_per_batch,
                  accumulate * config.data.tokens_per_batch)
-  step_fn = _make_step(exp, t, mesh, accumulate, placement)
+  step_fn = make_step(exp.model_cfg, t, mesh, accumulate, placement)
   progress = Progress(t.num_steps, start, writer.last('wall_s', start))
   profile = Profile(Workdir(writer.path.parent).profile, t.profile_steps)
   saved = lambda: loop_state(data_position, dropout_rng)  # noqa: E731
@@ -474,5 +348,5 @@ def _train_loop(exp: Experiment, config: ml_collections.ConfigDict, state: Any,
     profile.close()
   if start >= t.num_steps:  # nothing left to train: report the restored model
     logging.info('Checkpoint is at step %d >= train.num_steps; evaluating only', start)
-    writer.write(start, evaluate(exp, sharding.local_copy(state.eval_params), config, start,
+    writer.write(start, evaluate(exp, sharding.local_copy(state.eval_params), config.eval, start,
                                  final=True))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
-from transformer_nmt.config import ModelConfig
+from transformer_nmt.config import ModelConfig, TrainConfig
 from transformer_nmt.model.transformer import Transformer, init_params
 from transformer_nmt.training.schedules import rsqrt_warmup
 
@@ -76,25 +76,26 @@ def make_optimizer(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2
   return adam
 
 
-def learning_rate_fn(model_cfg: ModelConfig, train_cfg: Any) -> optax.Schedule:
+def learning_rate_fn(model_cfg: ModelConfig, train_cfg: TrainConfig) -> optax.Schedule:
   """Eq. 3 from a config's `train` section (warmup_steps, learning_rate_multiplier, and
   cooldown_steps of num_steps)."""
-  cooldown = int(getattr(train_cfg, 'cooldown_steps', 0))  # num_steps matters only then
+  cooldown = train_cfg.cooldown_steps  # num_steps matters only then
   return rsqrt_warmup(model_cfg.d_model, train_cfg.warmup_steps, train_cfg.learning_rate_multiplier,
                       train_cfg.num_steps if cooldown else 0, cooldown)
 
 
-def create_train_state(model_cfg: ModelConfig, train_cfg: Any, rng: jax.Array) -> TrainState:
+def create_train_state(model_cfg: ModelConfig, train_cfg: TrainConfig,
+                       rng: jax.Array) -> TrainState:
   """Fresh parameters and Adam state for `model_cfg` with the optimizer from `train_cfg`."""
   tx = make_optimizer(learning_rate_fn(model_cfg, train_cfg), b1=train_cfg.adam_b1,
                       b2=train_cfg.adam_b2, eps=train_cfg.adam_eps,
                       clip_grad_norm=train_cfg.clip_grad_norm,
-                      weight_decay=float(getattr(train_cfg, 'weight_decay', 0.0)))
+                      weight_decay=float(train_cfg.weight_decay))
   params = init_params(model_cfg, rng)
-  decay = float(getattr(train_cfg, 'ema_decay', 0.0))
+  decay = float(train_cfg.ema_decay)
   # The average starts as a copy: sharing the parameters' buffers would make a step that
   # donates the state donate them twice (accelerators).
   ema = jax.tree_util.tree_map(jnp.copy, params) if decay > 0 else None
   return TrainState.create(apply_fn=Transformer(model_cfg).apply, params=params, tx=tx,
                            ema=ema, ema_decay=decay,
-                           ema_warmup=bool(getattr(train_cfg, 'ema_warmup', True)))
+                           ema_warmup=bool(train_cfg.ema_warmup))
