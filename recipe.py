@@ -26,7 +26,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
-from transformer_nmt.config import DECODE, MBR_UTILITIES, DataConfig, DecodeConfig
+from transformer_nmt.config import DECODE, MBR_UTILITIES, DecodeConfig
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
@@ -83,7 +83,7 @@ def run(alphas: list[float]) -> None:
   if _SWEEP.value:  # choosing among runs must not look at the test sets
     config = dataclasses.replace(config, data=dataclasses.replace(
         config.data, test_src='', test_tgt='', extra_test_src=(), extra_test_tgt=()))
-  valid, tests = _read_eval_sets(config.data, workdir)  # before hours of training: fail early
+  valid, tests = report.eval_sets(config.data, workdir)  # before hours of training: fail early
   tests = [] if _SWEEP.value else tests  # a demo or tfds corpus brings its own test split
   steps_dir = Workdir(workdir).checkpoints
   done = Checkpointer(steps_dir, read_only=True).latest_step() if steps_dir.exists() else None
@@ -97,14 +97,7 @@ def run(alphas: list[float]) -> None:
 
   t0 = time.time()
   selection, engine = _select(config.decode, workdir, valid, alphas)
-  model, scored = selection.model, []
-  for name, (sources, refs) in tests:
-    s = report.score(engine, sources, refs)
-    logging.info('%s: sacreBLEU %.2f  chrF %.2f  [%s]', name, s.bleu, s.chrf, s.signature)
-    out = Workdir(workdir).hypotheses(name)
-    out.parent.mkdir(exist_ok=True)
-    write_atomically(out, ''.join(h + '\n' for h in s.hypotheses))
-    scored.append((name, s))
+  scored = report.score_tests(engine, workdir, tests)
   logging.info('selection and decoding took %.0f s', time.time() - t0)
   # The choice is written at once, before the plots and the row, so that nothing after it
   # (a damaged metrics file, a plotting error) can lose the hour of work behind it.
@@ -115,15 +108,15 @@ def run(alphas: list[float]) -> None:
   try:
     paths = [plots.plot_learning_curves(rows, plot_dir / 'curves.png', title=workdir.name)]
     if tests:
-      paths += plots.plot_cross_attention(model, tests[0][1][0], scored[0][1].hypotheses,
-                                          plot_dir, _ATTENTION.value)
+      paths += plots.plot_cross_attention(selection.model, tests[0][1][0],
+                                          scored[0][1].hypotheses, plot_dir, _ATTENTION.value)
   except (OSError, ValueError, TypeError, KeyError) as e:
     logging.warning('No plots in %s (%s: %s); the results row goes without them', plot_dir,
                     type(e).__name__, e)
     paths = []
   results = pathlib.Path(_RESULTS.value)
   links = [os.path.relpath(p, results.parent) for p in paths]
-  row = report.results_row(config=_config_arg(), direction=_direction(config.data),
+  row = report.results_row(config=_config_arg(), direction=report.direction(config.data),
                            steps=config.train.num_steps, train_seconds=wall,
                            selection=selection, tests=scored, plots=links)
   report.append_row(results, row)
@@ -145,36 +138,12 @@ def _select(decode: DecodeConfig, workdir: pathlib.Path, valid: tuple,
                        programs=Workdir(workdir).programs if own else None)
 
 
-def _read_eval_sets(d: DataConfig, workdir: pathlib.Path) -> tuple:
-  """(valid (sources, references), [(name, (sources, references))] of the test sets)."""
-  from transformer_nmt.data import batching as data_lib
-  from transformer_nmt.data import corpus as corpus_lib
-  corpus = corpus_lib.read_corpus(d, workdir)
-  tests = []
-  if corpus.test is not None:
-    name = pathlib.Path(d.test_tgt).stem if d.source == 'text' else 'test'
-    tests.append((name, corpus.test[:2]))
-  for src, tgt in zip(d.extra_test_src, d.extra_test_tgt):
-    sources, refs, stats = data_lib.read_parallel(src, tgt)
-    if stats.empty:
-      logging.info('%s: %d pairs with an empty side skipped', src, stats.empty)
-    tests.append((pathlib.Path(tgt).stem, (sources, refs)))
-  return corpus.valid[:2], tests
-
-
 def _config_arg() -> str:
   """The config file as given (with its argument), plus any --config.* overrides."""
   holder = flags.FLAGS['config']
   overrides = config_flags.get_override_values(holder)
   return ' '.join([config_flags.get_config_filename(holder)] +
                   [f'{k}={v}' for k, v in sorted(overrides.items())])
-
-
-def _direction(d: DataConfig) -> str:
-  if d.source == 'demo':
-    return 'en→de (demo)'
-  src, tgt = (pathlib.Path(p).suffix.lstrip('.') for p in (d.train_src, d.train_tgt))
-  return f'{src}→{tgt}' if src and tgt else 'n/a'
 
 
 if __name__ == '__main__':

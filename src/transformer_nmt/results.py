@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import pathlib
 import platform
@@ -14,7 +15,7 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from transformer_nmt.checkpoint import Checkpointer
-from transformer_nmt.config import DecodeConfig
+from transformer_nmt.config import DataConfig, DecodeConfig
 from transformer_nmt.files import write_atomically
 from transformer_nmt.inference import Engine, LoadedModel, load_workdir
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
@@ -134,6 +135,50 @@ def select(workdir: str | os.PathLike, sources: Sequence[str], references: Seque
   bleu, search, engine = chosen
   k, alpha, how = (1, 0.0, 'off') if search is None else (beam_size, search.alpha, search.mbr)
   return Selection(model, label, k, alpha, how, bleu, len(sources), table), engine
+
+
+TextPairs = tuple[list[str], list[str]]  # (sources, references)
+
+
+def eval_sets(d: DataConfig, workdir: pathlib.Path
+              ) -> tuple[TextPairs, list[tuple[str, TextPairs]]]:
+  """The validation pairs and the named test sets (data.test_*, data.extra_test_*), read
+  before any training so that a missing file fails early."""
+  from transformer_nmt.data import batching as data_lib
+  from transformer_nmt.data import corpus as corpus_lib
+  corpus = corpus_lib.read_corpus(d, workdir)
+  tests = []
+  if corpus.test is not None:
+    name = pathlib.Path(d.test_tgt).stem if d.source == 'text' else 'test'
+    tests.append((name, corpus.test[:2]))
+  for src, tgt in zip(d.extra_test_src, d.extra_test_tgt):
+    sources, refs, stats = data_lib.read_parallel(src, tgt)
+    if stats.empty:
+      logging.info('%s: %d pairs with an empty side skipped', src, stats.empty)
+    tests.append((pathlib.Path(tgt).stem, (sources, refs)))
+  return corpus.valid[:2], tests
+
+
+def score_tests(engine: Engine, workdir: pathlib.Path,
+                tests: Sequence[tuple[str, TextPairs]]) -> list[tuple[str, Scored]]:
+  """Each test set translated and scored; its translations kept in the workdir."""
+  scored = []
+  for name, (sources, refs) in tests:
+    s = score(engine, sources, refs)
+    logging.info('%s: sacreBLEU %.2f  chrF %.2f  [%s]', name, s.bleu, s.chrf, s.signature)
+    out = Workdir(workdir).hypotheses(name)
+    out.parent.mkdir(exist_ok=True)
+    write_atomically(out, ''.join(h + '\n' for h in s.hypotheses))
+    scored.append((name, s))
+  return scored
+
+
+def direction(d: DataConfig) -> str:
+  """'en→de' from the training files' suffixes (the results table's column)."""
+  if d.source == 'demo':
+    return 'en→de (demo)'
+  src, tgt = (pathlib.Path(p).suffix.lstrip('.') for p in (d.train_src, d.train_tgt))
+  return f'{src}→{tgt}' if src and tgt else 'n/a'
 
 
 def selection_json(selection: Selection, tests: Sequence[tuple[str, Scored]]) -> str:
