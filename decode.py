@@ -27,6 +27,7 @@ from transformer_nmt.inference import options
 
 options.define_model_flags()
 options.define_decode_flags()  # each defaults to the run's own decode.* value
+flags.adopt_module_key_flags(options)  # listed by --help with this program's own
 flags.DEFINE_string('input', '-', 'Source text, one sentence per line; - for stdin.')
 flags.DEFINE_string('output', '-', 'Where translations go; - for stdout.')
 flags.DEFINE_string('reference', None, 'Reference translations for scoring.')

@@ -94,8 +94,9 @@ def measure(model, rows, beam, options):
   engine = Engine(dataclasses.replace(model, cfg=cfg), decode, **runtime)
   if variant:
     params = ensemble.kernels_as_computed(cfg, model.params)
-    run = lambda: decoders.translate_rows(cfg, params, engine.spec, rows,  # noqa: E731
-                                          pad_id=model.src_tok.pad_id, **variant)
+    run = lambda: decoders.translate_rows(  # noqa: E731
+        cfg, params, engine.spec, rows, pad_id=model.src_tok.pad_id,
+        workers=engine.concurrent_batches, **variant)
   else:
     run = lambda: engine.translate_ids(rows)  # noqa: E731
   t0 = time.perf_counter()

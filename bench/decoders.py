@@ -24,7 +24,8 @@ from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.search import LogitsFn
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import Decoder, cached_decoder, translate
-from transformer_nmt.inference.batches import MIN_ROWS, strip
+from transformer_nmt.inference import heap
+from transformer_nmt.inference.batches import MIN_ROWS, in_order, strip
 from transformer_nmt.model.transformer import Transformer
 
 
@@ -74,21 +75,32 @@ DECODERS: dict[str, Decoder] = {'cached': cached_decoder, 'no_cross_reuse': no_c
 
 
 def translate_rows(cfg: ModelConfig, params: Any, spec: SearchSpec, rows: Sequence[np.ndarray],
-                   decoder: str = 'cached', grow_cache: bool = True,
-                   pad_id: int = 0) -> list[np.ndarray]:
+                   decoder: str = 'cached', grow_cache: bool = True, pad_id: int = 0,
+                   workers: int = 1) -> list[np.ndarray]:
   """Source id rows ending in EOS -> output ids (without EOS), in the order of `rows`:
   batches of spec.decode.tokens_per_batch padded source tokens (powers-of-two rows, as the
-  engine's one-loop path plans them), each decoded in one jitted loop."""
+  engine's one-loop path plans them), each decoded in one jitted loop, `workers` batches at
+  once, with the C heap trimmed after each on a CPU, as the engine runs its batches. One
+  model, a search (not sampling) and one hypothesis per sentence."""
+  if isinstance(cfg, tuple) or spec.sampling or spec.n_best > 1:
+    raise ValueError('bench/decoders.py decodes one model by search, one hypothesis each')
+  if not rows:
+    return []
   d = spec.decode
   run = _jitted(cfg, spec, decoder, grow_cache)
   lengths = np.array([len(r) for r in rows])
   grid = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
   sizes = batch_sizes(d.tokens_per_batch, powers_of_two=True)
+  plans = data_lib.fill_batches(lengths, grid, d.tokens_per_batch, sizes, min_rows=MIN_ROWS)
+
+  def decode(i: int) -> np.ndarray:
+    ids = np.asarray(run(params, *data_lib.pad_rows(rows, plans[i], pad_id)[:2]))
+    if jax.default_backend() == 'cpu':
+      heap.release_free_memory()
+    return ids
+
   out: list[np.ndarray] = [np.zeros(0, np.int32)] * len(rows)
-  for plan in data_lib.fill_batches(lengths, grid, d.tokens_per_batch, sizes,
-                                    min_rows=MIN_ROWS):
-    src, segments, _ = data_lib.pad_rows(rows, plan, pad_id)
-    ids = np.asarray(run(params, src, segments))
+  for plan, ids in zip(plans, in_order(decode, len(plans), workers)):
     for row, example in enumerate(plan.examples):
       out[example] = strip(ids[row], spec.eos_id)
   return out

@@ -346,3 +346,13 @@ def test_a_full_disk_or_a_read_only_one_fails_in_one_line(tmp_path):
     _assert_clean_failure(run_train(disk / 'other'), 'Read-only file system')
   finally:
     subprocess.run(['umount', str(disk)])
+
+
+def test_decode_help_lists_the_shared_model_and_search_flags():
+  """decode.py's --help lists the flags inference/options.py defines for it (absl shows only
+  a program's own flags unless it adopts them), not only its job flags."""
+  out = subprocess.run([sys.executable, 'decode.py', '--help'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120).stdout
+  for flag in ('--workdir', '--checkpoint', '--dtype', '--beam_size', '--batch_tokens',
+               '--mbr', '--input', '--n_best', '--[no]resume', '--[no]programs'):
+    assert f'  {flag}:' in out, flag

@@ -152,8 +152,7 @@ def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
   short.write_text('one line\n')
   base = ('--workdir', str(tiny_workdir), '--input', str(source), '--output', str(out))
   for flags, message in [
-      (('--n_best', '5', '--format', 'jsonl'),
-       'n_best=5 must be between 1 and the beam size 4 (and 1 when sampling)'),
+      (('--n_best', '5', '--format', 'jsonl'), '--n_best=5 must be at most the beam size (4)'),
       (('--n_best', '2'), '--n_best=2 needs --format jsonl (text is one line per input)'),
       (('--score_reference', str(short)), f'--score_reference={short} has 1 lines but the '
                                           f'input has {len(lines)}'),

@@ -5,7 +5,7 @@
 with its search settings, translating and scoring lines in batches over fixed shape grids
 (batches.py, long_lines.py), its compiled programs kept on disk (programs.py) and the C
 heap trimmed between batches (heap.py). decode.py, recipe.py's selection, validation BLEU
-during training and the server call it; decoding/ holds the pure search it runs.
+during training call it, and a server would; decoding/ holds the pure search it runs.
 """
 
 from transformer_nmt.inference.engine import Engine, Hypothesis

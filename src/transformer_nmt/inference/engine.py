@@ -26,7 +26,7 @@ from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, heap, long_lines
-from transformer_nmt.inference.loading import LoadedModel, load_ensemble
+from transformer_nmt.inference.loading import LoadedModel, load_model
 from transformer_nmt.inference.programs import ProgramStore, identity
 from transformer_nmt.workdir import Workdir
 
@@ -107,23 +107,21 @@ class Engine:
                          length_growth=d.length_growth, jit=jit)
 
   @classmethod
-  def load(cls, workdirs: Sequence[str | pathlib.Path], *, checkpoint: Optional[int] = None,
-           average_last: int = 0, best: bool = False, ema: bool = True,
-           dtype: Optional[str] = None, programs: bool = True,
+  def load(cls, workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
+           checkpoint: Optional[int] = None, average_last: int = 0, best: bool = False,
+           ema: bool = True, dtype: Optional[str] = None, programs: bool = False,
            settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate,
            n_best: int = 1, concurrent_batches: int = 0) -> Engine:
-    """The engine of one workdir's model, or of several as an ensemble (loading.py), with
-    `settings` of the first run's decode section (default: as it is), in `dtype` (default:
-    the run's model.dtype). With `programs`, compiled programs and the restored parameters
-    are kept in the first workdir's programs directory."""
-    model = load_ensemble(workdirs, checkpoint, average_last, best, ema, snapshot=programs)
-    cfg = ensemble.with_dtype(model.cfg, dtype)
-    # The kernels as the programs take them (params_as_computed), in place of the float32
-    # ones: only one copy stays in memory.
-    model = dataclasses.replace(model, cfg=cfg, decode=settings(model.decode),
-                                params=ensemble.kernels_as_computed(cfg, model.params))
-    where = Workdir(workdirs[0]).programs if programs else None
-    return cls(model, n_best=n_best, programs=where, concurrent_batches=concurrent_batches)
+    """The engine of one workdir's model, or of several as an ensemble (loading.load_model:
+    the checkpoint options, `dtype`, and `settings` of the first run's decode section).
+    With `programs`, compiled programs and the restored parameters are kept in the first
+    workdir's programs directory (as decode.py does), so that a later engine starts
+    without compiling."""
+    model = load_model(workdirs, checkpoint=checkpoint, average_last=average_last, best=best,
+                       ema=ema, dtype=dtype, snapshot=programs, settings=settings)
+    first = workdirs if isinstance(workdirs, (str, pathlib.Path)) else workdirs[0]
+    return cls(model, n_best=n_best, programs=Workdir(first).programs if programs else None,
+               concurrent_batches=concurrent_batches)
 
   def using(self, params: Any) -> Engine:
     """This engine (its compiled programs too) with other parameters of the same shapes:

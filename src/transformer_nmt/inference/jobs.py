@@ -16,11 +16,12 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from transformer_nmt.cli import CompileCounter, use_compile_cache
-from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS
+from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import DataError
 from transformer_nmt.inference import heap, job_io
 from transformer_nmt.inference.engine import Engine, Hypothesis
+from transformer_nmt.inference.loading import LoadedModel, load_model
 from transformer_nmt.inference.options import ModelOptions, with_overrides
 from transformer_nmt.workdir import Workdir
 
@@ -51,21 +52,22 @@ class DecodeJob:
   plot_sentences: int = 3
 
   def check(self) -> None:
-    """Options out of range or that do not go together, in one line, before any work."""
-    self.model.check()
-    for name in ('plot_sentences', 'precompile_rows', 'precompile_length'):
-      if getattr(self, name) < 0:
-        raise DataError(f'--{name}={getattr(self, name)} must be 0 or positive')
+    """Options that are out of range or do not go together, in one line, before any work."""
     if self.n_best < 1:
       raise DataError(f'--n_best={self.n_best} must be at least 1')
-    if self.buffer_lines < 0:
-      raise DataError(f'--buffer_lines={self.buffer_lines} must be 0 (automatic) or positive')
+    for name, value in (('average_last', self.model.average_last),
+                        ('plot_sentences', self.plot_sentences)):
+      if value < 0:
+        raise DataError(f'--{name}={value} must be 0 or positive')
     if self.n_best > 1 and self.format != 'jsonl':
       raise DataError(f'--n_best={self.n_best} needs --format jsonl (text is one line per input)')
     if self.precompile and (not self.model.programs or self.output != '-' or self.resume
                             or self.score_reference or self.plot_attention):
       raise DataError('--precompile stores programs and writes no translations: it takes none '
                       'of --noprograms, --output, --resume, --score_reference, --plot_attention')
+    for name in ('precompile_rows', 'precompile_length'):
+      if getattr(self, name) < 0:
+        raise DataError(f'--{name}={getattr(self, name)} must be 0 or positive')
     if self.resume and (self.output == '-' or self.reference or self.score_reference
                         or self.prefix):
       raise DataError('--resume continues an --output file, and not with --reference, '
@@ -76,7 +78,22 @@ class DecodeJob:
                                  or self.prefix):
       raise DataError('--score_reference scores given translations: it takes none of '
                       '--reference, --n_best, --plot_attention, --prefix')
-    with_overrides(DECODE, self.overrides)  # a bad flag fails before the model loads
+
+  def check_counts(self) -> None:
+    """The block and thread counts, once the files read whole are read."""
+    if self.buffer_lines < 0:
+      raise DataError(f'--buffer_lines={self.buffer_lines} must be 0 (automatic) or positive')
+    if self.model.concurrent_batches < 0:
+      raise DataError(f'--concurrent_batches={self.model.concurrent_batches} must be 0 '
+                      '(automatic) or positive')
+
+  def check_n_best(self, decode: DecodeConfig) -> None:
+    """--n_best against the run's search (SearchSpec checks the same, naming no flag)."""
+    if self.n_best > decode.beam_size:
+      raise DataError(f'--n_best={self.n_best} must be at most the beam size '
+                      f'({decode.beam_size})')
+    if self.n_best > 1 and decode.temperature > 0:
+      raise DataError(f'--n_best={self.n_best}: sampling (--temperature) gives one hypothesis')
 
 
 def run(job: DecodeJob) -> None:
@@ -93,17 +110,21 @@ def run(job: DecodeJob) -> None:
 
 def _run(job: DecodeJob) -> None:
   whole, beside = _read_whole(job)
+  job.check_counts()
   blocks = iter([whole]) if whole is not None else job_io.input_blocks(job.input,
                                                                        job.buffer_lines)
+  with_overrides(DECODE, job.overrides)  # a bad flag fails before the model loads
   compiles = CompileCounter()
   m = job.model
   if m.compile_cache and not m.programs:  # before loading, which compiles too
     use_compile_cache(str(Workdir(m.workdirs[0]).compile_cache))
-  engine = Engine.load(m.workdirs, checkpoint=m.checkpoint, average_last=m.average_last,
-                       best=m.best, ema=m.ema, dtype=m.dtype, programs=m.programs,
-                       settings=lambda run: with_overrides(run, job.overrides),
-                       n_best=job.n_best, concurrent_batches=m.concurrent_batches)
-  print(header(engine), file=sys.stderr)
+  model = load_model(m.workdirs, checkpoint=m.checkpoint, average_last=m.average_last,
+                     best=m.best, ema=m.ema, dtype=m.dtype, snapshot=m.programs,
+                     settings=lambda run: with_overrides(run, job.overrides))
+  print(header(model), file=sys.stderr)
+  job.check_n_best(model.decode)
+  engine = Engine(model, n_best=job.n_best, concurrent_batches=m.concurrent_batches,
+                  programs=Workdir(m.workdirs[0]).programs if m.programs else None)
   if job.score_reference:
     _score_reference(job, engine, whole, beside['score_reference'])
     return
@@ -130,9 +151,9 @@ def _run(job: DecodeJob) -> None:
       print(f'wrote {path}', file=sys.stderr)
 
 
-def header(engine: Engine) -> str:
+def header(model: LoadedModel) -> str:
   """The stderr line saying what translates: members, checkpoints, search, precision."""
-  d, model = engine.decode, engine.model
+  d = model.decode
   search = (f'sampling at temperature {d.temperature}, top-k {d.top_k}' if d.temperature > 0
             else f'beam {d.beam_size}, alpha {d.alpha}, stop {d.beam_stop}' +
             (f', MBR {d.mbr}' if d.mbr != 'off' and d.beam_size > 1 else ''))

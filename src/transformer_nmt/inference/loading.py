@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
 
 from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.inference import snapshots
@@ -117,6 +118,23 @@ def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[i
   return dataclasses.replace(first, cfg=tuple(m.cfg for m in models),
                              params=tuple(m.params for m in models),
                              steps=[s for m in models for s in m.steps])
+
+
+def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
+               checkpoint: Optional[int] = None, average_last: int = 0, best: bool = False,
+               ema: bool = True, dtype: Optional[str] = None, snapshot: bool = False,
+               settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate
+               ) -> LoadedModel:
+  """`load_ensemble` of one workdir or several, computing in `dtype` (default: the run's
+  model.dtype) with the Dense kernels already cast to it (ensemble.kernels_as_computed: only
+  that copy stays in memory), and `settings` of the first run's decode section (default: as
+  it is) as the model's decode settings."""
+  if isinstance(workdirs, (str, pathlib.Path)):
+    workdirs = [workdirs]
+  model = load_ensemble(workdirs, checkpoint, average_last, best, ema, snapshot)
+  cfg = ensemble.with_dtype(model.cfg, dtype)
+  return dataclasses.replace(model, cfg=cfg, decode=settings(model.decode),
+                             params=ensemble.kernels_as_computed(cfg, model.params))
 
 
 def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:

@@ -1,7 +1,7 @@
-"""The command-line options of the programs that load an engine (decode.py, and the server):
-which model (workdirs, checkpoints, precision, stored programs, threads) and changes to its
-run's search settings, one flag per DecodeConfig option. Defined here once, so that every
-such program offers the same flags with the same help."""
+"""The command-line options of the programs that load an engine (decode.py): which model
+(workdirs, checkpoints, precision, stored programs, threads) and changes to its run's search
+settings, one flag per DecodeConfig option. Defined here once, so that every such program
+offers the same flags with the same help."""
 
 from __future__ import annotations
 
@@ -62,14 +62,6 @@ class ModelOptions:
   compile_cache: bool = True
   malloc_heaps: int = -1
   concurrent_batches: int = 0
-
-  def check(self) -> None:
-    """Values out of range, in one line naming the flag."""
-    for name, low, allowed in (('average_last', 0, '0 or positive'),
-                               ('concurrent_batches', 0, '0 (automatic) or positive'),
-                               ('malloc_heaps', -1, '-1 (automatic), 0 (the default) or positive')):
-      if getattr(self, name) < low:
-        raise DataError(f'--{name}={getattr(self, name)} must be {allowed}')
 
 
 def define_model_flags() -> None:
