@@ -7,7 +7,8 @@ en-de). Data is read from ../shared/data/multi30k relative to the repository roo
 data.* for another location. Validation is valid.*, the test set test2016.* (recipe.py also
 decodes test2017). Pre-LN with tensor2tensor's extra dropouts trains more stably at this size
 (named deviations, see README). Computes in bfloat16 with float32 accumulation and float32
-master weights, about twice as fast as float32 on CPUs with AMX (bench/RESULTS.md).
+master weights, faster than float32 on CPUs with AMX (bench/RESULTS.md, 'Optimisations
+tried').
 """
 
 import ml_collections

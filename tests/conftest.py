@@ -17,9 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / 'shared' / 'data'
 
 # One persistent compilation cache for the suite's train.py and recipe.py runs, so that a run
-# loads what an earlier one compiled (cli.use_compile_cache): a tiny run takes about 11 s
-# instead of 32-38 (bench/RESULTS.md). Only for one process at a time: JAX writes its
-# entries without a lock.
+# loads what an earlier one compiled (cli.use_compile_cache): a tiny run then takes a third of
+# its time or less (bench/RESULTS.md). Only for one process at a time: JAX writes its entries
+# without a lock.
 COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cache_'))
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 

@@ -250,8 +250,9 @@ class Checkpointer:
     metadata = self._manager.item_metadata(step)
     name = 'ema' if ema and 'ema' in metadata.keys() else 'params'
     abstract = {name: target(metadata[name])}
-    # Only this part of the tree is read (the Adam moments are twice its size): a third of
-    # the time of a whole restore, most of decode.py's start for a small model.
+    # Only this part of the tree is read (the Adam moments are twice its size): much less
+    # than a whole restore, which was most of decode.py's start for a small model
+    # (bench/RESULTS.md, 'Time to translation').
     reader = ocp.PyTreeCheckpointer()
     try:
       restored = reader.restore(self.directory / str(step) / ITEM, args=ocp.args.PyTreeRestore(

@@ -166,9 +166,10 @@ class DataConfig:
   # Tokenise once (data/cache.py): the encoded training split is stored as memory-mapped id
   # arrays in cache_dir ('' = the workdir's data_cache/; a directory shared by runs on the
   # same files works too), keyed by the tokenizers and the training files' path, size and
-  # modification time; later starts map it instead of encoding the text again (WMT14: ~3
-  # minutes per start and process). False = encode at every start. With source='tfds' the
-  # key is the dataset, its version and files, and each process stores its own share.
+  # modification time; later starts map it instead of encoding the text again, which at
+  # WMT14's size is a long wait in every start and process (bench/RESULTS.md, 'Host input
+  # pipeline'). False = encode at every start. With source='tfds' the key is the dataset,
+  # its version and files, and each process stores its own share.
   cache: bool = True
   cache_dir: str = ''
   # Training batches built ahead of the step by a background thread (data/prefetch.py); 0 =
@@ -309,17 +310,17 @@ class DecodeConfig:
   # Decoding and scoring pad sentences up to a geometric grid of lengths with this growth,
   # rounded up to multiples of 8 (1.5: 8, 16, 24, 40, 64, ...); compiled programs are per grid
   # length, batch size and cache stage. This grid rather than the training buckets' (1.25 in
-  # multiples of 4) compiled 80 programs instead of 88 for Multi30k valid and then 35 instead
-  # of 47 for test2016 (21.8 s instead of 29.9 s, identical outputs; bench/RESULTS.md).
+  # multiples of 4) compiles fewer programs for Multi30k's valid and test sets, so a run
+  # starts sooner, with identical outputs (bench/RESULTS.md, 'Time to translation').
   length_growth: float = 1.5
   # Longest source in subword tokens (EOS included), 4x the default data.max_len: longer lines
   # are translated in pieces split at sentence ends, a longer sentence is truncated (both
   # counted on stderr); keeps memory bounded whatever the input.
   max_input_len: int = 1024
   # Steps between checks for finished sentences (and, with `compact`, between compactions).
-  # On test2016 (bench/RESULTS.md) 6 decodes as fast as 4 and compiles fewer programs (57
-  # against 68 for 1000 lines: a first run 8-23% shorter); 8 compiles fewer still but
-  # decodes 10% slower.
+  # On test2016 6 decodes as fast as 4 and compiles fewer programs, so a first run ends
+  # sooner; 8 compiles fewer still but decodes slower (bench/RESULTS.md, 'Time to
+  # translation').
   chunk: int = 6
   compact: bool = True  # drop finished sentences from a batch every `chunk` steps
   # 'bound': a sentence ends once no live beam can beat its best finished hypothesis
@@ -373,8 +374,8 @@ class DecodeConfig:
 DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
 # The small jobs whose decoding programs `decode.py --precompile` makes besides its input's
 # (Engine.precompile): up to this many sentences of up to this many source subwords, EOS
-# included. 16 x 64 covers every line of Multi30k's test sets and takes 54 programs, 90 s on
-# 2 cores; a 1-line job after it takes 1.3-1.4 s instead of 3.8-4.1 s cold (bench/RESULTS.md).
+# included. 16 x 64 covers every line of Multi30k's test sets; after these programs a short
+# job compiles nothing (their cost and the gain: bench/RESULTS.md, 'Time to translation').
 PRECOMPILE_ROWS = 16
 PRECOMPILE_LENGTH = 64
 

@@ -153,7 +153,7 @@ def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
 
   The best n extensions of a sentence are among the best n of each of its beams, so the
   search ranks K * n candidates instead of K * V, with `topk.top_k` in place of `lax.top_k`:
-  5x faster than log-softmax and top-k over the whole [B, K * V] (bench/micro.py). Beams
+  faster than log-softmax and top-k over the whole [B, K * V] (bench/micro.py). Beams
   `at_limit` offer only EOS.
   """
   values, token = top_k(logits, n)

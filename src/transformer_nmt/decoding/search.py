@@ -156,8 +156,9 @@ class Search:
             prefix: Optional[Prefix] = None) -> Any:
     """The state after the first `steps` (>= 1) steps, jittable. A beam search takes its
     first step on the B sentences alone, since the K beams of each are one until then (the
-    decoder step on B rows instead of B*K, as CTranslate2 begins): 3.7% of the row-steps of
-    a beam-4 decoding of test2016 (bench/RESULTS.md)."""
+    decoder step on B rows instead of B*K, as CTranslate2 begins), which saves a few percent
+    of a beam-4 decoding's row-steps (counted on test2016: bench/RESULTS.md, 'Time to
+    translation')."""
     if self.init_one is None:
       state = self.init(cache, max_lens, prefix)
     else:
@@ -284,7 +285,7 @@ def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.A
           t: jax.Array) -> jax.Array:
   """argmax, or a sample from softmax(logits / temperature) restricted to the top k."""
   if temperature <= 0.0:  # argmax; topk.top_k picks the same (lowest) index on ties and is
-    return topk.top_k(logits, 1)[1][:, 0]  # ~10x faster on XLA CPU (bench/micro.py)
+    return topk.top_k(logits, 1)[1][:, 0]  # faster on XLA CPU (bench/micro.py)
   logits = logits.astype(jnp.float32) / temperature
   if top_k > 0:
     kth = topk.top_k(logits, top_k)[0][:, -1:]

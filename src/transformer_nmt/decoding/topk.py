@@ -1,7 +1,7 @@
 """Exact top-k over a large last axis in two passes, for decoding's [rows, vocabulary] scores.
 
-XLA CPU's `lax.top_k` walks every element of every row (about 14 ms for the top 8 of
-[1024, 8000] here, bench/micro.py). The k largest values lie in the k blocks with the largest
+XLA CPU's `lax.top_k` walks every element of every row (slow on decoding's scores:
+bench/micro.py, bench/RESULTS.md). The k largest values lie in the k blocks with the largest
 block maxima: each of their blocks has a maximum at least as large as the k-th value, and at
 most k blocks can. So a block maximum pass, a top-k over those maxima, and a top-k over the
 k chosen blocks give the exact result while the full pass is a cheap reduction.

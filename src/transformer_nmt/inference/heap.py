@@ -2,12 +2,12 @@
 
 On a CPU a batch's decoder state and its programs' working buffers are host memory. glibc's
 malloc keeps what they free in its heaps, one per thread, and fragmented heaps are not
-shrunk, so a long job's resident memory kept growing with the largest batches it had met:
-1000 lines of test2016 peaked at 1.25-1.31 GB. `malloc_trim` after each batch returns the
-free pages: 1.04-1.23 GB, at about the same speed (bench/RESULTS.md). Fewer heaps fragment
-less: with `limit_heaps(2)` the same job, its programs stored, peaked at 0.96 GB instead of
-1.04 GB (medians of nine runs each, same speed within 0.5 s), but a run that compiles its
-programs took 8% longer, its compiler threads waiting on the two heaps (bench/RESULTS.md).
+shrunk, so a long job's resident memory kept growing with the largest batches it had met.
+`malloc_trim` after each batch returns the free pages: a lower peak on all of test2016, at
+about the same speed. Fewer heaps fragment less: with `limit_heaps(2)` the same job, its
+programs stored, peaked lower again at the same speed, but a run that compiles its programs
+took longer, its compiler threads waiting on the two heaps. Measured: bench/RESULTS.md, 'Time
+to translation' ('Less memory per batch' and 'two malloc heaps').
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
                     'evaluation has run yet)')
   where = wd.programs if snapshot else None
   steps, params = _restore(directory, where, workdir, checkpoint, average_last, best, ema)
-  # On the device once: host arrays would be copied in at every call of a decoding program
-  # (10 lines of test2016: 0.48-0.50 GB peak instead of 0.51-0.54 GB, bench/RESULTS.md).
+  # On the device once: host arrays would be copied in at every call of a decoding program,
+  # raising a short job's peak memory (bench/RESULTS.md, 'Time to translation').
   params = jax.device_put(params)
   _check_vocab(params, cfg, tgt_tok)
   return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)

@@ -111,15 +111,15 @@ class KVCache:
 
   k: [B, H, Dh, L_max] (keys transposed); v: [B, H, L_max, Dh]; index: [] int32, the next
   position to write. In this layout one query's attention reduces over a non-minor axis and
-  vectorises along the cache: about 6x faster on XLA CPU than a [B, L_max, H, Dh] cache with
-  32 positions (bench/micro.py).
+  vectorises along the cache: faster on XLA CPU than a [B, L_max, H, Dh] cache
+  (bench/micro.py).
 
   A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`; `k` and `v` are
   then bits, read as values by `attention_weights` and `attend`): XLA CPU carries a bfloat16
   array through a decoding loop as a float32 copy (it widens the gathers that reorder the
   beams), so each chunk of steps held every layer's keys and values in float32 as well, at
-  twice their bytes; integers it leaves alone. Same values, same outputs; 1000 lines of
-  test2016 peaked about 0.1 GB lower (bench/RESULTS.md; measured on a CPU only, and the
+  twice their bytes; integers it leaves alone. Same values, same outputs, a lower peak on
+  test2016 (bench/RESULTS.md, 'Time to translation'; measured on a CPU only, and the
   bitcasts cost nothing elsewhere).
   """
 

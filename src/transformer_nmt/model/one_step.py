@@ -4,11 +4,11 @@ checks each against it.
 
 On XLA CPU, batched matrix-vector products (a [1, Dh] query against [S, Dh] keys per head)
 run as slow dot kernels; an elementwise multiply and a reduction fuse into one loop that is
-about 3.6x faster here (bench/micro.py). In cross-attention with beams, G consecutive query
-rows (the beams of one sentence) share one key and value row: reducing them together reads
-those keys and values once (4x faster for beam 4, bench/micro.py). G = 1 keeps its own
-layout, since the grouped one with a unit G axis runs ~10x slower on XLA CPU. Other backends
-take the same code; it is the einsum that is slow on CPUs, not these paths on TPUs.
+faster here (bench/micro.py). In cross-attention with beams, G consecutive query rows (the
+beams of one sentence) share one key and value row: reducing them together reads those keys
+and values once (bench/micro.py). G = 1 keeps its own layout, since the grouped one with a
+unit G axis runs much slower on XLA CPU (bench/RESULTS.md, 'Optimisations tried'). Other
+backends take the same code; it is the einsum that is slow on CPUs, not these paths on TPUs.
 
 Dimension legend: N query rows, B key/value rows (N = B * G), S keys, H heads, Dh head dim.
 """

@@ -2,8 +2,8 @@
 forward and the backward pass, with float32 weight gradients.
 
 A plain bfloat16 `dot_general` also rounds its output to bfloat16, and on CPUs with AMX that
-path is slow (measured ~120 GFLOP/s here against ~500 with float32 accumulation, and ~150 for
-float32; see bench/RESULTS.md). With `preferred_element_type=float32` the forward pass is fast,
+path is slower even than float32, while float32 accumulation is fast (bench/RESULTS.md,
+'Optimisations tried'). With `preferred_element_type=float32` the forward pass is fast,
 but autodiff then hands the transposed matmuls a float32 cotangent, so the backward pass falls
 back to float32 matmuls. `mixed_matmul` fixes that with a custom VJP whose gradient matmuls also
 take bfloat16 inputs and accumulate in float32.
