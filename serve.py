@@ -1,0 +1,99 @@
+"""Serve translations over HTTP: python serve.py --workdir DIR [--port 8080]
+
+The model, search settings, stored programs and ensembles are decode.py's (the same flags).
+Sentences of concurrent requests share batches (up to --batch_tokens, waiting at most
+--max_wait_ms to fill one). The API (inference/server.py, docs/decoding.md "Serving"):
+
+  POST /v1/translate  {"text": ["Ein Hund läuft."], "n_best": 1, "return_scores": false}
+  POST /v1/score      {"source": [...], "target": [...]}
+  GET  /health        ready once the programs of small batches are compiled or loaded
+  GET  /metrics       Prometheus
+  GET  /              a web page to try it
+
+It binds 127.0.0.1 unless --host says otherwise; --api_key_file guards all but /health.
+SIGTERM (or Ctrl-C) stops accepting, finishes the requests in flight and exits 0.
+"""
+
+import pathlib
+import signal
+
+from absl import app, flags
+
+from transformer_nmt.cli import flag_parser, main_running
+from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS
+from transformer_nmt.inference import options
+
+options.define_model_flags()
+options.define_decode_flags()  # each defaults to the run's own decode.* value
+flags.adopt_module_key_flags(options)  # listed by --help with this program's own
+flags.DEFINE_string('host', '127.0.0.1', 'Address to bind (0.0.0.0: every interface).')
+flags.DEFINE_integer('port', 8080, 'Port to listen on.', lower_bound=1, upper_bound=65535)
+flags.DEFINE_float('max_wait_ms', 5.0, 'Longest wait for more sentences to fill a batch after '
+                   'the first arrives (0: run at once).', lower_bound=0)
+flags.DEFINE_integer('n_best', 1, 'Most hypotheses a request may ask for (at most the beam '
+                     'size).', lower_bound=1)
+flags.DEFINE_integer('max_chars', 2000, 'Longest sentence in characters.', lower_bound=1)
+flags.DEFINE_integer('max_sentences', 256, 'Most sentences per request.', lower_bound=1)
+flags.DEFINE_integer('max_body_bytes', 1 << 20, 'Largest request body (413 above).',
+                     lower_bound=1)
+flags.DEFINE_float('timeout_s', 60.0, 'Seconds a request may take: 504 after, and its '
+                   'sentences not yet run are dropped.', lower_bound=0.001)
+flags.DEFINE_integer('max_queue_sentences', 4096, 'Sentences that may wait for a batch; more '
+                     'get 503 with Retry-After.', lower_bound=1)
+flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests must send as '
+                    '"Authorization: Bearer KEY" (all but /health).')
+flags.DEFINE_integer('precompile_rows', PRECOMPILE_ROWS, 'Before /health says ready: the '
+                     'programs of batches of up to this many sentences ...', lower_bound=0)
+flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up to this many source '
+                     'subwords are compiled or loaded.', lower_bound=1)
+
+
+def run() -> None:
+  import uvicorn
+
+  from transformer_nmt.cli import use_compile_cache
+  from transformer_nmt.errors import DataError
+  from transformer_nmt.inference import heap
+  from transformer_nmt.inference.engine import Engine
+  from transformer_nmt.inference.server import Limits, make_app
+  from transformer_nmt.workdir import Workdir
+
+  f, m = flags.FLAGS, options.model_options()
+  limits = Limits(f.max_chars, f.max_sentences, f.max_body_bytes, f.timeout_s,
+                  f.max_queue_sentences)
+  try:
+    limits.check()
+  except ValueError as e:
+    raise DataError(f'--{e}') from None
+  api_key = None
+  if f.api_key_file:
+    try:
+      api_key = pathlib.Path(f.api_key_file).read_text(encoding='utf-8').strip()
+    except (OSError, UnicodeDecodeError) as e:
+      raise DataError(f'--api_key_file: {e}') from None
+    if not api_key:
+      raise DataError(f'--api_key_file {f.api_key_file} is empty')
+  overrides = options.decode_overrides()
+  options.with_overrides(DECODE, overrides)  # a bad flag fails before loading
+  programs = Workdir(m.workdirs[0]).programs if m.programs else None
+  heaps = heap.heaps_for(m.malloc_heaps, programs)
+  if heaps > 0:
+    heap.limit_heaps(heaps)  # before the threads start: a thread keeps its first heap
+  if m.compile_cache and not m.programs:
+    use_compile_cache(str(Workdir(m.workdirs[0]).compile_cache))
+  engine = Engine.load(m.workdirs, checkpoint=m.checkpoint, average_last=m.average_last,
+                       best=m.best, ema=m.ema, dtype=m.dtype, programs=m.programs,
+                       settings=lambda d: options.with_overrides(d, overrides),
+                       n_best=f.n_best, concurrent_batches=m.concurrent_batches)
+  warm = lambda: engine.precompile(f.precompile_rows, f.precompile_length)
+  server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms, warm=warm)
+  print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '
+        '(ready once /health says so)', flush=True)
+  # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it
+  # found: a no-op, so that a requested stop exits 0 (not 143) once in-flight requests end
+  signal.signal(signal.SIGTERM, lambda *_: None)
+  uvicorn.run(server, host=f.host, port=f.port, log_level='warning')
+
+
+if __name__ == '__main__':
+  app.run(main_running(run), flags_parser=flag_parser)

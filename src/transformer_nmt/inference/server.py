@@ -1,0 +1,352 @@
+"""serve.py's HTTP API on an Engine: translations and scores as JSON, batched across requests
+by scheduler.py, with limits, an optional API key, a health check, Prometheus metrics and a
+web page. Every error is one JSON line `{"error": ...}` with a 4xx or 5xx status, never a
+traceback; no request field names a file (unknown fields are refused)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import threading
+import time
+from typing import Any, Awaitable, Callable, Optional
+
+import fastapi
+import prometheus_client as prom
+import pydantic
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from transformer_nmt.inference.engine import Engine
+from transformer_nmt.inference.page import PAGE
+from transformer_nmt.inference.scheduler import DeadlineExceeded, QueueFull, Scheduler
+
+RETRY_AFTER_S = 1  # what a 503 (queue full, warming up) tells the client to wait
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one request may ask; each breach is a 4xx JSON error naming the limit."""
+
+  max_chars: int = 2000  # per sentence (characters)
+  max_sentences: int = 256  # per request
+  max_body_bytes: int = 1 << 20  # 413 above
+  timeout_s: float = 60.0  # a request not answered by then gets 504 and its work is dropped
+  max_queue_sentences: int = 4096  # sentences waiting for a batch: 503 + Retry-After above
+
+  def check(self) -> None:
+    for name, value in dataclasses.asdict(self).items():
+      if value <= 0:
+        raise ValueError(f'{name}={value} must be positive')
+    if self.max_sentences > self.max_queue_sentences:
+      raise ValueError(f'max_sentences={self.max_sentences} must not exceed '
+                       f'max_queue_sentences={self.max_queue_sentences}: such a request would '
+                       'never fit the queue')
+
+
+class TranslateRequest(pydantic.BaseModel):
+  model_config = pydantic.ConfigDict(extra='forbid', strict=True)
+  text: list[str] = pydantic.Field(min_length=1)
+  n_best: int = pydantic.Field(1, ge=1)
+  return_scores: bool = False
+  return_alignment: bool = False
+
+
+class ScoreRequest(pydantic.BaseModel):
+  model_config = pydantic.ConfigDict(extra='forbid', strict=True)
+  source: list[str] = pydantic.Field(min_length=1)
+  target: list[str] = pydantic.Field(min_length=1)
+
+
+class ApiError(Exception):
+  """An answer other than 200: status, one-line message, error kind (metrics), headers."""
+
+  def __init__(self, status: int, message: str, kind: str,
+               headers: Optional[dict[str, str]] = None):
+    super().__init__(message)
+    self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+  """One sentence of a request as the scheduler queues it: what to do, on what, its cost."""
+
+  kind: str  # 'translate', 'hypotheses' or 'score'
+  payload: Any  # a line, or a (source, target) pair
+  tokens: int
+
+
+class _Metrics:
+  def __init__(self, scheduler: Callable[[], Scheduler], engine: Engine):
+    self.registry = r = prom.CollectorRegistry()
+    self.requests = prom.Counter('nmt_requests', 'Requests by endpoint and status',
+                                 ['endpoint', 'status'], registry=r)
+    self.errors = prom.Counter('nmt_errors', 'Failed requests by kind', ['kind'], registry=r)
+    self.latency = prom.Histogram('nmt_request_seconds', 'Request latency', ['endpoint'],
+                                  registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5,
+                                                       5, 10, 30, 60))
+    self.batch_fill = prom.Histogram('nmt_batch_fill', 'Source tokens of a batch / its budget',
+                                     registry=r, buckets=(.1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
+    self.batches = prom.Counter('nmt_batches', 'Batches run', registry=r)
+    self.sentences = prom.Counter('nmt_sentences', 'Sentences run (translated or scored)',
+                                  registry=r)
+    self.target_tokens = prom.Counter('nmt_target_tokens', 'Target subwords translated',
+                                      registry=r)
+    self.batch_seconds = prom.Counter('nmt_batch_seconds', 'Time spent running batches (tokens/s'
+                                      ' = rate(nmt_target_tokens) / rate(nmt_batch_seconds))',
+                                      registry=r)
+    queue = prom.Gauge('nmt_queue_sentences', 'Sentences waiting for a batch', registry=r)
+    queue.set_function(lambda: scheduler().queue_depth)
+    loaded = prom.Gauge('nmt_programs_loaded', 'Stored programs loaded', registry=r)
+    loaded.set_function(lambda: 0 if engine.store is None else engine.store.loaded)
+
+
+def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
+             max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
+             warm: Optional[Callable[[], None]] = None) -> fastapi.FastAPI:
+  """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
+  engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
+  `warm` (e.g. precompiling) runs in a thread at start-up; until it returns /health answers
+  503 and the /v1 endpoints 503 with Retry-After. `api_key` guards everything but /health
+  (header `Authorization: Bearer KEY`)."""
+  limits.check()
+  src_tok, tgt_tok = engine.model.src_tok, engine.model.tgt_tok
+  model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
+                'settings': dataclasses.asdict(engine.decode)}
+  metrics = _Metrics(lambda: scheduler, engine)
+
+  def run_batch(items: list[_Item]) -> list[Any]:
+    """The engine's answers for a batch of mixed items, in their order (the engine is only
+    ever called from the scheduler's one worker thread)."""
+    out: list[Any] = [None] * len(items)
+    for kind in ('translate', 'hypotheses', 'score'):
+      where = [i for i, item in enumerate(items) if item.kind == kind]
+      if not where:
+        continue
+      payloads = [items[i].payload for i in where]
+      if kind == 'translate':
+        found: list[Any] = engine.translate(payloads)
+        metrics.target_tokens.inc(sum(len(ids) for ids in tgt_tok.encode(found)))
+      elif kind == 'hypotheses':
+        found = engine.hypotheses(payloads)
+        metrics.target_tokens.inc(sum(len(h[0].tokens) - 1 for _, h in found if h))
+      else:
+        found = engine.score([s for s, _ in payloads], [t for _, t in payloads])
+      for i, answer in zip(where, found):
+        out[i] = answer
+    return out
+
+  def on_batch(sentences: int, tokens: int, seconds: float) -> None:
+    metrics.batches.inc()
+    metrics.sentences.inc(sentences)
+    metrics.batch_fill.observe(tokens / budget)
+    metrics.batch_seconds.inc(seconds)
+
+  budget = tokens_per_batch or engine.decode.tokens_per_batch
+  scheduler: Scheduler = Scheduler(run_batch, tokens_per_batch=budget,
+                                   count_tokens=lambda item: item.tokens,
+                                   max_wait_ms=max_wait_ms,
+                                   max_queue_sentences=limits.max_queue_sentences,
+                                   on_batch=on_batch)
+  ready = threading.Event()
+
+  @contextlib.asynccontextmanager
+  async def lifespan(_: fastapi.FastAPI):
+    if warm is not None:
+      threading.Thread(target=lambda: (warm(), ready.set()), name='warm', daemon=True).start()
+    yield
+    scheduler.close()  # uvicorn has finished the requests in flight by now
+
+  if warm is None:
+    ready.set()
+  app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan)
+  app.state.scheduler, app.state.metrics, app.state.ready = scheduler, metrics, ready
+
+  def error_response(e: ApiError) -> JSONResponse:
+    metrics.errors.labels(e.kind).inc()
+    return JSONResponse({'error': e.message}, e.status, headers=e.headers)
+
+  async def answered(endpoint: str, request: fastapi.Request,
+                     work: Callable[[], Awaitable[Response]]) -> Response:
+    """`work`'s response, or its error as one JSON line; counted and timed."""
+    t0 = time.monotonic()
+    try:
+      if api_key is not None and endpoint != 'health':
+        given = request.headers.get('authorization', '').encode()
+        if not hmac.compare_digest(given, f'Bearer {api_key}'.encode()):
+          raise ApiError(401, 'missing or wrong API key (header "Authorization: Bearer KEY")',
+                         'unauthorized', {'WWW-Authenticate': 'Bearer'})
+      response = await work()
+    except ApiError as e:
+      response = error_response(e)
+    except Exception as e:  # noqa: BLE001 -- one log line and a 500, not a traceback
+      logging.error('%s: %s: %s', endpoint, type(e).__name__, ' '.join(str(e).split()))
+      response = error_response(ApiError(500, f'internal error: {type(e).__name__}',
+                                         'internal'))
+    metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    metrics.latency.labels(endpoint).observe(time.monotonic() - t0)
+    return response
+
+  async def run(request: fastapi.Request, items: list[_Item]) -> list[Any]:
+    """Queues a request's items and waits for their answers, the deadline or the client
+    leaving (whose work is then dropped)."""
+    if not ready.is_set():
+      raise ApiError(503, 'not ready: the model is warming up', 'not_ready',
+                     {'Retry-After': str(RETRY_AFTER_S)})
+    deadline = time.monotonic() + limits.timeout_s
+    try:
+      future = scheduler.submit(items, deadline)
+    except QueueFull as e:
+      raise ApiError(503, f'busy: {e}', 'queue_full',
+                     {'Retry-After': str(RETRY_AFTER_S)}) from None
+    waited = asyncio.wrap_future(future)
+    try:
+      while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise DeadlineExceeded()
+        done, _ = await asyncio.wait({waited}, timeout=min(left, 0.25))
+        if done:
+          return waited.result()
+        if await request.is_disconnected():
+          raise ApiError(499, 'the client closed the request', 'disconnected')
+    except DeadlineExceeded:
+      raise ApiError(504, f'not answered within timeout_s={limits.timeout_s:g} seconds',
+                     'deadline') from None
+    finally:
+      future.cancel()  # a no-op once answered; else the scheduler drops what is left
+
+  async def parsed(request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
+    """The body as `model`, read up to max_body_bytes."""
+    declared = request.headers.get('content-length', '')
+    size, chunks = int(declared) if declared.isdigit() else 0, []
+    if size <= limits.max_body_bytes:
+      size = 0
+      async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+          break
+        chunks.append(chunk)
+    if size > limits.max_body_bytes:
+      raise ApiError(413, f'the body is over max_body_bytes={limits.max_body_bytes}',
+                     'body_too_large')
+    try:
+      data = json.loads(b''.join(chunks))
+    except ValueError as e:  # invalid UTF-8 too (UnicodeDecodeError)
+      raise ApiError(400, f'the body is not JSON in UTF-8: {" ".join(str(e).split())}',
+                     'bad_json') from None
+    try:
+      return model.model_validate(data)
+    except pydantic.ValidationError as e:
+      raise ApiError(422, _one_line(e), 'invalid') from None
+
+  def checked(lines: list[str], field: str) -> None:
+    if len(lines) > limits.max_sentences:
+      raise ApiError(422, f'{field} has {len(lines)} sentences, over max_sentences='
+                     f'{limits.max_sentences}', 'limit')
+    for i, line in enumerate(lines):
+      if len(line) > limits.max_chars:
+        raise ApiError(422, f'{field}[{i}] has {len(line)} characters, over max_chars='
+                       f'{limits.max_chars}', 'limit')
+      try:
+        line.encode('utf-8')
+      except UnicodeEncodeError:
+        raise ApiError(400, f'{field}[{i}] is not valid Unicode (a lone surrogate)',
+                       'bad_json') from None
+
+  def cost(line: str) -> int:
+    return len(src_tok.encode([line])[0]) + 1  # with EOS
+
+  @app.post('/v1/translate', openapi_extra=_body(TranslateRequest))
+  async def translate(request: fastapi.Request) -> Response:
+    async def work() -> Response:
+      body = await parsed(request, TranslateRequest)
+      checked(body.text, 'text')
+      if body.n_best > engine.n_best:
+        raise ApiError(422, f'n_best={body.n_best} is over the n_best={engine.n_best} this '
+                       'server was started with (serve.py --n_best)', 'limit')
+      scored = body.return_scores or body.return_alignment or body.n_best > 1
+      kind = 'hypotheses' if scored else 'translate'
+      found = await run(request, [_Item(kind, line, cost(line)) for line in body.text])
+      if not scored:
+        translations = [{'text': text} for text in found]
+      else:
+        translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment)
+                        for source, hyps in found]
+      return JSONResponse({'translations': translations, 'model': model_info})
+    return await answered('translate', request, work)
+
+  @app.post('/v1/score', openapi_extra=_body(ScoreRequest))
+  async def score(request: fastapi.Request) -> Response:
+    async def work() -> Response:
+      body = await parsed(request, ScoreRequest)
+      checked(body.source, 'source')
+      checked(body.target, 'target')
+      if len(body.source) != len(body.target):
+        raise ApiError(422, f'source has {len(body.source)} sentences and target '
+                       f'{len(body.target)}: they must pair up', 'invalid')
+      found = await run(request, [_Item('score', (s, t), cost(s))
+                                  for s, t in zip(body.source, body.target)])
+      scores = [{'logprob': h.logprob, 'score': h.score} for _, h in found]
+      return JSONResponse({'scores': scores, 'model': model_info})
+    return await answered('score', request, work)
+
+  @app.get('/health')
+  async def health(request: fastapi.Request) -> Response:
+    async def work() -> Response:
+      up = ready.is_set()
+      return JSONResponse({'status': 'ok' if up else 'warming up', 'ready': up},
+                          200 if up else 503)
+    return await answered('health', request, work)
+
+  @app.get('/metrics')
+  async def metrics_text(request: fastapi.Request) -> Response:
+    async def work() -> Response:
+      return Response(prom.generate_latest(metrics.registry),
+                      media_type=prom.CONTENT_TYPE_LATEST)
+    return await answered('metrics', request, work)
+
+  @app.get('/', response_class=HTMLResponse)
+  async def page(request: fastapi.Request) -> Response:
+    async def work() -> Response:
+      return HTMLResponse(PAGE)
+    return await answered('page', request, work)
+
+  @app.exception_handler(HTTPException)
+  async def http_error(_: fastapi.Request, e: HTTPException) -> Response:  # 404, 405
+    return error_response(ApiError(e.status_code, str(e.detail), 'http', dict(e.headers or {})))
+
+  @app.exception_handler(RequestValidationError)
+  async def invalid(_: fastapi.Request, e: RequestValidationError) -> Response:
+    return error_response(ApiError(422, _one_line(e), 'invalid'))
+
+  return app
+
+
+def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool) -> dict[str, Any]:
+  fields = ('text', 'score', 'logprob', 'tokens', 'token_logprobs') + (
+      ('alignment',) if alignment else ())
+  answer: dict[str, Any] = {'text': hyps[0].text if hyps else '',
+                            'hypotheses': [{f: getattr(h, f) for f in fields} for h in hyps]}
+  if alignment:
+    answer['source_tokens'] = source
+  return answer
+
+
+def _one_line(e: pydantic.ValidationError | RequestValidationError) -> str:
+  """The first validation error as 'where: what' (where: the field's path)."""
+  first = e.errors()[0]
+  where = '.'.join(str(part) for part in first.get('loc', ()) if part != 'body') or 'body'
+  more = f' (and {len(e.errors()) - 1} more)' if len(e.errors()) > 1 else ''
+  return f'{where}: {first.get("msg", "invalid")}{more}'
+
+
+def _body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+  """The OpenAPI description of a body the endpoint reads itself (to bound its size)."""
+  return {'requestBody': {'required': True, 'content': {
+      'application/json': {'schema': model.model_json_schema()}}}}
