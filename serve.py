@@ -51,12 +51,9 @@ flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up to this 
 def run() -> None:
   import uvicorn
 
-  from transformer_nmt.cli import use_compile_cache
   from transformer_nmt.errors import DataError
-  from transformer_nmt.inference import heap
   from transformer_nmt.inference.engine import Engine
   from transformer_nmt.inference.server import Limits, make_app
-  from transformer_nmt.workdir import Workdir
 
   f, m = flags.FLAGS, options.model_options()
   limits = Limits(f.max_chars, f.max_sentences, f.max_body_bytes, f.timeout_s,
@@ -75,16 +72,9 @@ def run() -> None:
       raise DataError(f'--api_key_file {f.api_key_file} is empty')
   overrides = options.decode_overrides()
   options.with_overrides(DECODE, overrides)  # a bad flag fails before loading
-  programs = Workdir(m.workdirs[0]).programs if m.programs else None
-  heaps = heap.heaps_for(m.malloc_heaps, programs)
-  if heaps > 0:
-    heap.limit_heaps(heaps)  # before the threads start: a thread keeps its first heap
-  if m.compile_cache and not m.programs:
-    use_compile_cache(str(Workdir(m.workdirs[0]).compile_cache))
-  engine = Engine.load(m.workdirs, checkpoint=m.checkpoint, average_last=m.average_last,
-                       best=m.best, ema=m.ema, dtype=m.dtype, programs=m.programs,
-                       settings=lambda d: options.with_overrides(d, overrides),
-                       n_best=f.n_best, concurrent_batches=m.concurrent_batches)
+  m.limit_heaps()
+  engine = Engine(m.load(overrides), n_best=f.n_best, programs=m.program_dir(),
+                  concurrent_batches=m.concurrent_batches)
   warm = lambda: engine.precompile(f.precompile_rows, f.precompile_length)
   server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms, warm=warm)
   print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '

@@ -15,15 +15,14 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from transformer_nmt.cli import CompileCounter, use_compile_cache
+from transformer_nmt.cli import CompileCounter
 from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import DataError
-from transformer_nmt.inference import heap, job_io
+from transformer_nmt.inference import job_io
 from transformer_nmt.inference.engine import Engine, Hypothesis
-from transformer_nmt.inference.loading import LoadedModel, load_model
+from transformer_nmt.inference.loading import LoadedModel
 from transformer_nmt.inference.options import ModelOptions, with_overrides
-from transformer_nmt.workdir import Workdir
 
 Write = Callable[[list[str], str], None]  # (a block of input lines, their output text)
 
@@ -98,7 +97,7 @@ class DecodeJob:
 
 def run(job: DecodeJob) -> None:
   """Checks the job, holds its output, loads the engine and does the job."""
-  limit_heaps(job)  # before any thread allocates: a thread keeps the heap it first takes
+  job.model.limit_heaps(compiling=job.precompile)
   job_io.check_streams(job.input, job.output, not job.precompile, bool(job.reference))
   job_io.check_output(job.output, {'--input': job.input, '--reference': job.reference,
                                    '--score_reference': job.score_reference,
@@ -115,16 +114,11 @@ def _run(job: DecodeJob) -> None:
                                                                        job.buffer_lines)
   with_overrides(DECODE, job.overrides)  # a bad flag fails before the model loads
   compiles = CompileCounter()
-  m = job.model
-  if m.compile_cache and not m.programs:  # before loading, which compiles too
-    use_compile_cache(str(Workdir(m.workdirs[0]).compile_cache))
-  model = load_model(m.workdirs, checkpoint=m.checkpoint, average_last=m.average_last,
-                     best=m.best, ema=m.ema, dtype=m.dtype, snapshot=m.programs,
-                     settings=lambda run: with_overrides(run, job.overrides))
+  model = job.model.load(job.overrides)
   print(header(model), file=sys.stderr)
   job.check_n_best(model.decode)
-  engine = Engine(model, n_best=job.n_best, concurrent_batches=m.concurrent_batches,
-                  programs=Workdir(m.workdirs[0]).programs if m.programs else None)
+  engine = Engine(model, n_best=job.n_best, concurrent_batches=job.model.concurrent_batches,
+                  programs=job.model.program_dir())
   if job.score_reference:
     _score_reference(job, engine, whole, beside['score_reference'])
     return
@@ -161,19 +155,6 @@ def header(model: LoadedModel) -> str:
   members = f'ensemble of {len(cfgs)} models, ' if len(cfgs) > 1 else ''
   dtypes = '/'.join(sorted({c.dtype for c in cfgs}))
   return f'{members}checkpoint step(s) {model.steps}, {search}, {dtypes}'
-
-
-def limit_heaps(job: DecodeJob) -> None:
-  """--malloc_heaps (heap.py); a count given outright that this C library cannot set is
-  said on stderr."""
-  count = job.model.malloc_heaps
-  if count < -1:
-    raise DataError(f'--malloc_heaps={count} must be -1 (automatic), 0 (the default) or positive')
-  programs = Workdir(job.model.workdirs[0]).programs if job.model.programs else None
-  heaps = heap.heaps_for(count, programs, compiling=job.precompile)
-  if heaps > 0 and not heap.limit_heaps(heaps) and count > 0:
-    print(f'--malloc_heaps={count}: this C library cannot limit its heaps (glibc only); '
-          'ignored', file=sys.stderr)
 
 
 def _read_whole(job: DecodeJob) -> tuple[Optional[list[str]], dict[str, list[str]]]:

@@ -6,12 +6,18 @@ offers the same flags with the same help."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import sys
 from typing import Any, Optional
 
 from absl import flags
 
+from transformer_nmt.cli import use_compile_cache
 from transformer_nmt.config import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.inference import heap
+from transformer_nmt.inference.loading import LoadedModel, load_model
+from transformer_nmt.workdir import Workdir
 
 _RUN = " (default: the run's decode.{}, normally {})"
 # flag -> (DecodeConfig option it changes, help); each defaults to the run's own value
@@ -62,6 +68,33 @@ class ModelOptions:
   compile_cache: bool = True
   malloc_heaps: int = -1
   concurrent_batches: int = 0
+
+  def program_dir(self) -> Optional[pathlib.Path]:
+    """Where compiled programs are kept: the first workdir's programs/ (None: --noprograms)."""
+    return Workdir(self.workdirs[0]).programs if self.programs else None
+
+  def limit_heaps(self, compiling: bool = False) -> None:
+    """--malloc_heaps (heap.py), before any thread allocates: a thread keeps the heap it
+    first takes. A count given outright that this C library cannot set is said on stderr."""
+    count = self.malloc_heaps
+    if count < -1:
+      raise DataError(f'--malloc_heaps={count} must be -1 (automatic), 0 (the default) or '
+                      'positive')
+    heaps = heap.heaps_for(count, self.program_dir(), compiling=compiling)
+    if heaps > 0 and not heap.limit_heaps(heaps) and count > 0:
+      print(f'--malloc_heaps={count}: this C library cannot limit its heaps (glibc only); '
+            'ignored', file=sys.stderr)
+
+  def load(self, overrides: dict[str, Any]) -> LoadedModel:
+    """The model these options name, its run's decode settings changed by `overrides`
+    (`with_overrides`); with --noprograms JAX's compilation cache in the first workdir
+    (before loading, which compiles too)."""
+    if self.compile_cache and not self.programs:
+      use_compile_cache(str(Workdir(self.workdirs[0]).compile_cache))
+    return load_model(self.workdirs, checkpoint=self.checkpoint,
+                      average_last=self.average_last, best=self.best, ema=self.ema,
+                      dtype=self.dtype, snapshot=self.programs,
+                      settings=lambda run: with_overrides(run, overrides))
 
 
 def define_model_flags() -> None:
