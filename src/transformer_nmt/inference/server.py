@@ -106,24 +106,27 @@ class _Metrics:
     loaded.set_function(lambda: 0 if engine.store is None else engine.store.loaded)
 
 
-def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
-             max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
-             warm: Optional[Callable[[], None]] = None) -> fastapi.FastAPI:
-  """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
-  engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
-  `warm` (e.g. precompiling) runs in a thread at start-up; until it returns /health answers
-  503 and the /v1 endpoints 503 with Retry-After. `api_key` guards everything but /health
-  (header `Authorization: Bearer KEY`)."""
-  limits.check()
-  src_tok, tgt_tok = engine.model.src_tok, engine.model.tgt_tok
-  model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
-                'settings': dataclasses.asdict(engine.decode)}
-  metrics = _Metrics(lambda: scheduler, engine)
+class _Service:
+  """What the endpoints share: the engine behind its scheduler, the limits, the metrics, the
+  API key and whether warm-up has finished."""
 
-  def run_batch(items: list[_Item]) -> list[Any]:
+  def __init__(self, engine: Engine, limits: Limits, api_key: Optional[str],
+               max_wait_ms: float, tokens_per_batch: Optional[int]):
+    self.engine, self.limits, self.api_key = engine, limits, api_key
+    self.model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
+                       'settings': dataclasses.asdict(engine.decode)}
+    self.metrics = _Metrics(lambda: self.scheduler, engine)
+    self.budget = tokens_per_batch or engine.decode.tokens_per_batch
+    self.scheduler = Scheduler(self.run_batch, tokens_per_batch=self.budget,
+                               count_tokens=lambda item: item.tokens, max_wait_ms=max_wait_ms,
+                               max_queue_sentences=limits.max_queue_sentences,
+                               on_batch=self.on_batch)
+    self.ready = threading.Event()
+
+  def run_batch(self, items: list[_Item]) -> list[Any]:
     """The engine's answers for a batch of mixed items, in their order (the engine is only
     ever called from the scheduler's one worker thread)."""
-    out: list[Any] = [None] * len(items)
+    engine, out = self.engine, [None] * len(items)
     for kind in ('translate', 'hypotheses', 'score'):
       where = [i for i, item in enumerate(items) if item.kind == kind]
       if not where:
@@ -131,76 +134,57 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
       payloads = [items[i].payload for i in where]
       if kind == 'translate':
         found: list[Any] = engine.translate(payloads)
-        metrics.target_tokens.inc(sum(len(ids) for ids in tgt_tok.encode(found)))
+        self.metrics.target_tokens.inc(
+            sum(len(ids) for ids in engine.model.tgt_tok.encode(found)))
       elif kind == 'hypotheses':
         found = engine.hypotheses(payloads)
-        metrics.target_tokens.inc(sum(len(h[0].tokens) - 1 for _, h in found if h))
+        self.metrics.target_tokens.inc(sum(len(h[0].tokens) - 1 for _, h in found if h))
       else:
         found = engine.score([s for s, _ in payloads], [t for _, t in payloads])
       for i, answer in zip(where, found):
         out[i] = answer
     return out
 
-  def on_batch(sentences: int, tokens: int, seconds: float) -> None:
-    metrics.batches.inc()
-    metrics.sentences.inc(sentences)
-    metrics.batch_fill.observe(tokens / budget)
-    metrics.batch_seconds.inc(seconds)
+  def on_batch(self, sentences: int, tokens: int, seconds: float) -> None:
+    self.metrics.batches.inc()
+    self.metrics.sentences.inc(sentences)
+    self.metrics.batch_fill.observe(tokens / self.budget)
+    self.metrics.batch_seconds.inc(seconds)
 
-  budget = tokens_per_batch or engine.decode.tokens_per_batch
-  scheduler: Scheduler = Scheduler(run_batch, tokens_per_batch=budget,
-                                   count_tokens=lambda item: item.tokens,
-                                   max_wait_ms=max_wait_ms,
-                                   max_queue_sentences=limits.max_queue_sentences,
-                                   on_batch=on_batch)
-  ready = threading.Event()
-
-  @contextlib.asynccontextmanager
-  async def lifespan(_: fastapi.FastAPI):
-    if warm is not None:
-      threading.Thread(target=lambda: (warm(), ready.set()), name='warm', daemon=True).start()
-    yield
-    scheduler.close()  # uvicorn has finished the requests in flight by now
-
-  if warm is None:
-    ready.set()
-  app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan)
-  app.state.scheduler, app.state.metrics, app.state.ready = scheduler, metrics, ready
-
-  def error_response(e: ApiError) -> JSONResponse:
-    metrics.errors.labels(e.kind).inc()
+  def error_response(self, e: ApiError) -> JSONResponse:
+    self.metrics.errors.labels(e.kind).inc()
     return JSONResponse({'error': e.message}, e.status, headers=e.headers)
 
-  async def answered(endpoint: str, request: fastapi.Request,
+  async def answered(self, endpoint: str, request: fastapi.Request,
                      work: Callable[[], Awaitable[Response]]) -> Response:
     """`work`'s response, or its error as one JSON line; counted and timed."""
     t0 = time.monotonic()
     try:
-      if api_key is not None and endpoint != 'health':
+      if self.api_key is not None and endpoint != 'health':
         given = request.headers.get('authorization', '').encode()
-        if not hmac.compare_digest(given, f'Bearer {api_key}'.encode()):
+        if not hmac.compare_digest(given, f'Bearer {self.api_key}'.encode()):
           raise ApiError(401, 'missing or wrong API key (header "Authorization: Bearer KEY")',
                          'unauthorized', {'WWW-Authenticate': 'Bearer'})
       response = await work()
     except ApiError as e:
-      response = error_response(e)
+      response = self.error_response(e)
     except Exception as e:  # noqa: BLE001 -- one log line and a 500, not a traceback
       logging.error('%s: %s: %s', endpoint, type(e).__name__, ' '.join(str(e).split()))
-      response = error_response(ApiError(500, f'internal error: {type(e).__name__}',
-                                         'internal'))
-    metrics.requests.labels(endpoint, str(response.status_code)).inc()
-    metrics.latency.labels(endpoint).observe(time.monotonic() - t0)
+      response = self.error_response(ApiError(500, f'internal error: {type(e).__name__}',
+                                              'internal'))
+    self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    self.metrics.latency.labels(endpoint).observe(time.monotonic() - t0)
     return response
 
-  async def run(request: fastapi.Request, items: list[_Item]) -> list[Any]:
+  async def run(self, request: fastapi.Request, items: list[_Item]) -> list[Any]:
     """Queues a request's items and waits for their answers, the deadline or the client
     leaving (whose work is then dropped)."""
-    if not ready.is_set():
+    if not self.ready.is_set():
       raise ApiError(503, 'not ready: the model is warming up', 'not_ready',
                      {'Retry-After': str(RETRY_AFTER_S)})
-    deadline = time.monotonic() + limits.timeout_s
+    deadline = time.monotonic() + self.limits.timeout_s
     try:
-      future = scheduler.submit(items, deadline)
+      future = self.scheduler.submit(items, deadline)
     except QueueFull as e:
       raise ApiError(503, f'busy: {e}', 'queue_full',
                      {'Retry-After': str(RETRY_AFTER_S)}) from None
@@ -216,25 +200,25 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
         if await request.is_disconnected():
           raise ApiError(499, 'the client closed the request', 'disconnected')
     except DeadlineExceeded:
-      raise ApiError(504, f'not answered within timeout_s={limits.timeout_s:g} seconds',
+      raise ApiError(504, f'not answered within timeout_s={self.limits.timeout_s:g} seconds',
                      'deadline') from None
     finally:
       future.cancel()  # a no-op once answered; else the scheduler drops what is left
 
-  async def parsed(request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
+  async def parsed(self, request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
     """The body as `model`, read up to max_body_bytes."""
+    limit = self.limits.max_body_bytes
     declared = request.headers.get('content-length', '')
     size, chunks = int(declared) if declared.isdigit() else 0, []
-    if size <= limits.max_body_bytes:
+    if size <= limit:
       size = 0
       async for chunk in request.stream():
         size += len(chunk)
-        if size > limits.max_body_bytes:
+        if size > limit:
           break
         chunks.append(chunk)
-    if size > limits.max_body_bytes:
-      raise ApiError(413, f'the body is over max_body_bytes={limits.max_body_bytes}',
-                     'body_too_large')
+    if size > limit:
+      raise ApiError(413, f'the body is over max_body_bytes={limit}', 'body_too_large')
     try:
       data = json.loads(b''.join(chunks))
     except ValueError as e:  # invalid UTF-8 too (UnicodeDecodeError)
@@ -245,7 +229,8 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
     except pydantic.ValidationError as e:
       raise ApiError(422, _one_line(e), 'invalid') from None
 
-  def checked(lines: list[str], field: str) -> None:
+  def checked(self, lines: list[str], field: str) -> None:
+    limits = self.limits
     if len(lines) > limits.max_sentences:
       raise ApiError(422, f'{field} has {len(lines)} sentences, over max_sentences='
                      f'{limits.max_sentences}', 'limit')
@@ -259,73 +244,107 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
         raise ApiError(400, f'{field}[{i}] is not valid Unicode (a lone surrogate)',
                        'bad_json') from None
 
-  def cost(line: str) -> int:
-    return len(src_tok.encode([line])[0]) + 1  # with EOS
+  def item(self, kind: str, line: str, payload: Any = None) -> _Item:
+    """A sentence as the scheduler queues it, costed by its source subwords with EOS."""
+    tokens = len(self.engine.model.src_tok.encode([line])[0]) + 1
+    return _Item(kind, line if payload is None else payload, tokens)
 
-  @app.post('/v1/translate', openapi_extra=_body(TranslateRequest))
-  async def translate(request: fastapi.Request) -> Response:
-    async def work() -> Response:
-      body = await parsed(request, TranslateRequest)
-      checked(body.text, 'text')
-      if body.n_best > engine.n_best:
-        raise ApiError(422, f'n_best={body.n_best} is over the n_best={engine.n_best} this '
-                       'server was started with (serve.py --n_best)', 'limit')
-      scored = body.return_scores or body.return_alignment or body.n_best > 1
-      kind = 'hypotheses' if scored else 'translate'
-      found = await run(request, [_Item(kind, line, cost(line)) for line in body.text])
-      if not scored:
-        translations = [{'text': text} for text in found]
-      else:
-        translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment)
-                        for source, hyps in found]
-      return JSONResponse({'translations': translations, 'model': model_info})
-    return await answered('translate', request, work)
+  async def translate(self, request: fastapi.Request) -> Response:
+    body = await self.parsed(request, TranslateRequest)
+    self.checked(body.text, 'text')
+    if body.n_best > self.engine.n_best:
+      raise ApiError(422, f'n_best={body.n_best} is over the n_best={self.engine.n_best} '
+                     'this server was started with (serve.py --n_best)', 'limit')
+    scored = body.return_scores or body.return_alignment or body.n_best > 1
+    kind = 'hypotheses' if scored else 'translate'
+    found = await self.run(request, [self.item(kind, line) for line in body.text])
+    if not scored:
+      translations = [{'text': text} for text in found]
+    else:
+      translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment)
+                      for source, hyps in found]
+    return JSONResponse({'translations': translations, 'model': self.model_info})
 
-  @app.post('/v1/score', openapi_extra=_body(ScoreRequest))
-  async def score(request: fastapi.Request) -> Response:
-    async def work() -> Response:
-      body = await parsed(request, ScoreRequest)
-      checked(body.source, 'source')
-      checked(body.target, 'target')
-      if len(body.source) != len(body.target):
-        raise ApiError(422, f'source has {len(body.source)} sentences and target '
-                       f'{len(body.target)}: they must pair up', 'invalid')
-      found = await run(request, [_Item('score', (s, t), cost(s))
-                                  for s, t in zip(body.source, body.target)])
-      scores = [{'logprob': h.logprob, 'score': h.score} for _, h in found]
-      return JSONResponse({'scores': scores, 'model': model_info})
-    return await answered('score', request, work)
+  async def score(self, request: fastapi.Request) -> Response:
+    body = await self.parsed(request, ScoreRequest)
+    self.checked(body.source, 'source')
+    self.checked(body.target, 'target')
+    if len(body.source) != len(body.target):
+      raise ApiError(422, f'source has {len(body.source)} sentences and target '
+                     f'{len(body.target)}: they must pair up', 'invalid')
+    found = await self.run(request, [self.item('score', s, (s, t))
+                                     for s, t in zip(body.source, body.target)])
+    scores = [{'logprob': h.logprob, 'score': h.score} for _, h in found]
+    return JSONResponse({'scores': scores, 'model': self.model_info})
 
-  @app.get('/health')
-  async def health(request: fastapi.Request) -> Response:
-    async def work() -> Response:
-      up = ready.is_set()
-      return JSONResponse({'status': 'ok' if up else 'warming up', 'ready': up},
-                          200 if up else 503)
-    return await answered('health', request, work)
+  async def health(self, request: fastapi.Request) -> Response:
+    up = self.ready.is_set()
+    return JSONResponse({'status': 'ok' if up else 'warming up', 'ready': up},
+                        200 if up else 503)
 
-  @app.get('/metrics')
-  async def metrics_text(request: fastapi.Request) -> Response:
-    async def work() -> Response:
-      return Response(prom.generate_latest(metrics.registry),
-                      media_type=prom.CONTENT_TYPE_LATEST)
-    return await answered('metrics', request, work)
+  async def metrics_text(self, request: fastapi.Request) -> Response:
+    return Response(prom.generate_latest(self.metrics.registry),
+                    media_type=prom.CONTENT_TYPE_LATEST)
 
-  @app.get('/', response_class=HTMLResponse)
-  async def page(request: fastapi.Request) -> Response:
-    async def work() -> Response:
-      return HTMLResponse(PAGE)
-    return await answered('page', request, work)
+  async def page(self, request: fastapi.Request) -> Response:
+    return HTMLResponse(PAGE)
+
+
+def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
+             max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
+             warm: Optional[Callable[[], None]] = None) -> fastapi.FastAPI:
+  """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
+  engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
+  `warm` (e.g. precompiling) runs in a thread at start-up; until it returns /health answers
+  503 and the /v1 endpoints 503 with Retry-After. `api_key` guards everything but /health
+  (header `Authorization: Bearer KEY`)."""
+  limits.check()
+  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch)
+
+  @contextlib.asynccontextmanager
+  async def lifespan(_: fastapi.FastAPI):
+    if warm is not None:
+      threading.Thread(target=lambda: (warm(), service.ready.set()), name='warm',
+                       daemon=True).start()
+    yield
+    service.scheduler.close()  # uvicorn has finished the requests in flight by now
+
+  if warm is None:
+    service.ready.set()
+  app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan)
+  app.state.scheduler, app.state.metrics = service.scheduler, service.metrics
+  app.state.ready = service.ready
+  routes = [('post', '/v1/translate', 'translate', service.translate, _body(TranslateRequest)),
+            ('post', '/v1/score', 'score', service.score, _body(ScoreRequest)),
+            ('get', '/health', 'health', service.health, None),
+            ('get', '/metrics', 'metrics', service.metrics_text, None),
+            ('get', '/', 'page', service.page, None)]
+  for method, path, name, handler, body in routes:
+    _route(app, service, method, path, name, handler, body)
 
   @app.exception_handler(HTTPException)
   async def http_error(_: fastapi.Request, e: HTTPException) -> Response:  # 404, 405
-    return error_response(ApiError(e.status_code, str(e.detail), 'http', dict(e.headers or {})))
+    return service.error_response(ApiError(e.status_code, str(e.detail), 'http',
+                                           dict(e.headers or {})))
 
   @app.exception_handler(RequestValidationError)
   async def invalid(_: fastapi.Request, e: RequestValidationError) -> Response:
-    return error_response(ApiError(422, _one_line(e), 'invalid'))
+    return service.error_response(ApiError(422, _one_line(e), 'invalid'))
 
   return app
+
+
+def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name: str,
+           handler: Callable[[fastapi.Request], Awaitable[Response]],
+           body: Optional[dict[str, Any]]) -> None:
+  """`handler` at `path`, answered through `service.answered` (key, errors, metrics)."""
+  async def endpoint(request: fastapi.Request) -> Response:
+    return await service.answered(name, request, lambda: handler(request))
+  endpoint.__name__ = name
+  extra = {'openapi_extra': body} if body else {}
+  if path == '/':
+    extra['response_class'] = HTMLResponse
+  getattr(app, method)(path, **extra)(endpoint)
 
 
 def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool) -> dict[str, Any]:
