@@ -4,7 +4,8 @@ The model, search settings, stored programs and ensembles are decode.py's (the s
 Sentences of concurrent requests share batches (up to --batch_tokens, waiting at most
 --max_wait_ms to fill one). The API (inference/server.py, docs/decoding.md "Serving"):
 
-  POST /v1/translate  {"text": ["Ein Hund läuft."], "n_best": 1, "return_scores": false}
+  POST /v1/translate  {"text": ["Ein Hund läuft."], "n_best": 1, "return_scores": false,
+                       "prefix": ["A dog"], "stream": false}
   POST /v1/score      {"source": [...], "target": [...]}
   GET  /health        ready once the programs of small batches are compiled or loaded
   GET  /metrics       Prometheus
@@ -30,6 +31,10 @@ flags.DEFINE_string('host', '127.0.0.1', 'Address to bind (0.0.0.0: every interf
 flags.DEFINE_integer('port', 8080, 'Port to listen on.', lower_bound=1, upper_bound=65535)
 flags.DEFINE_float('max_wait_ms', 5.0, 'Longest wait for more sentences to fill a batch after '
                    'the first arrives (0: run at once).', lower_bound=0)
+flags.DEFINE_bool('batch_across_requests', True, 'Let the sentences of concurrent requests '
+                  'share batches (--nobatch_across_requests: each batch holds one request\'s).')
+flags.DEFINE_integer('max_connections', 1000, 'Open connections and requests at once; more '
+                     'are answered 503 (bounds what slow clients can hold).', lower_bound=1)
 flags.DEFINE_integer('n_best', 1, 'Most hypotheses a request may ask for (at most the beam '
                      'size).', lower_bound=1)
 flags.DEFINE_integer('max_chars', 2000, 'Longest sentence in characters.', lower_bound=1)
@@ -43,7 +48,8 @@ flags.DEFINE_integer('max_queue_sentences', 4096, 'Sentences that may wait for a
 flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests must send as '
                     '"Authorization: Bearer KEY" (all but /health).')
 flags.DEFINE_integer('precompile_rows', PRECOMPILE_ROWS, 'Before /health says ready: the '
-                     'programs of batches of up to this many sentences ...', lower_bound=0)
+                     'programs (translation, and scoring for scores, n-best and alignments) '
+                     'of batches of up to this many sentences ...', lower_bound=0)
 flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up to this many source '
                      'subwords are compiled or loaded.', lower_bound=1)
 
@@ -75,14 +81,16 @@ def run() -> None:
   m.limit_heaps()
   engine = Engine(m.load(overrides), n_best=f.n_best, programs=m.program_dir(),
                   concurrent_batches=m.concurrent_batches)
-  warm = lambda: engine.precompile(f.precompile_rows, f.precompile_length)
-  server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms, warm=warm)
+  warm = lambda: engine.precompile(f.precompile_rows, f.precompile_length, scoring=True)
+  server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms,
+                    mix_requests=f.batch_across_requests, warm=warm)
   print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '
         '(ready once /health says so)', flush=True)
   # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it
   # found: a no-op, so that a requested stop exits 0 (not 143) once in-flight requests end
   signal.signal(signal.SIGTERM, lambda *_: None)
-  uvicorn.run(server, host=f.host, port=f.port, log_level='warning')
+  uvicorn.run(server, host=f.host, port=f.port, log_level='warning',
+              limit_concurrency=f.max_connections)
 
 
 if __name__ == '__main__':

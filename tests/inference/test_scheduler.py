@@ -118,6 +118,43 @@ def test_round_robin_interleaves_a_long_request_with_short_ones():
   s.close()
 
 
+def test_without_mixing_each_batch_holds_one_request():
+  engine = FakeEngine(gate=True)
+  s = make(engine, tokens_per_batch=10, max_wait_ms=0, mix_requests=False)
+  first = s.submit(['x'])
+  assert engine.started.wait(5)
+  a, b = s.submit(['a1', 'a2', 'a3']), s.submit(['b1', 'b2'])
+  engine.gate.set()
+  assert first.result(5) == ['X'] and a.result(5) == ['A1', 'A2', 'A3']
+  assert b.result(5) == ['B1', 'B2']
+  assert sorted(engine.batches[1:]) == [['a1', 'a2', 'a3'], ['b1', 'b2']]
+  s.close()
+
+
+def test_each_result_is_handed_on_as_it_comes_before_the_future():
+  engine = FakeEngine()
+  s = make(engine, tokens_per_batch=1, max_wait_ms=0)  # one sentence per batch
+  seen = []
+  future = s.submit(['a', 'b', 'c'], on_item=lambda i, out: seen.append((i, out,
+                                                                         future.done())))
+  assert future.result(5) == ['A', 'B', 'C']
+  assert seen == [(0, 'A', False), (1, 'B', False), (2, 'C', False)]
+  s.close()
+
+
+def test_a_failing_on_item_ends_its_request_only():
+  engine = FakeEngine()
+  s = make(engine, tokens_per_batch=1, max_wait_ms=0)
+  def fail(i, out):
+    raise OSError('the client is gone')
+  broken = s.submit(['a', 'b', 'c'], on_item=fail)
+  with pytest.raises(OSError, match='gone'):
+    broken.result(5)
+  assert s.submit(['d']).result(5) == ['D']
+  assert [x for batch in engine.batches for x in batch] == ['a', 'd']  # 'b', 'c' dropped
+  s.close()
+
+
 def test_queue_full():
   engine = FakeEngine(gate=True)
   s = make(engine, max_wait_ms=0, max_queue_sentences=2)

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 import jax
+import numpy as np
 import pytest
 from conftest import ROOT, shared_compile_cache
 from fastapi.testclient import TestClient
@@ -93,6 +94,44 @@ def test_n_best_and_scores(client, engine, lines, expected):
   assert one['source_tokens']
   assert 'n_best=2' in error(client.post('/v1/translate', json={'text': ['a'], 'n_best': 3}),
                              422)
+
+
+def test_prefix(client, engine, lines):
+  prefixes = ['', 'ein', '']
+  want = engine.translate(lines[:3], prefixes=prefixes)
+  body = client.post('/v1/translate', json={'text': lines[:3], 'prefix': prefixes}).json()
+  assert [t['text'] for t in body['translations']] == want
+  assert want[1].startswith('ein')
+  scored = client.post('/v1/translate', json={'text': lines[1:2], 'prefix': ['ein'],
+                                              'return_scores': True}).json()
+  assert scored['translations'][0]['text'] == want[1]
+  assert 'one per sentence' in error(client.post('/v1/translate', json={
+      'text': lines[:2], 'prefix': ['ein']}), 422)
+  assert 'prefix[0]' in error(client.post('/v1/translate', json={
+      'text': ['a'], 'prefix': ['x' * 301]}), 422)
+
+
+def test_streamed_answers_one_line_per_sentence(client, lines, expected):
+  response = client.post('/v1/translate', json={'text': lines[:5], 'stream': True})
+  assert response.status_code == 200
+  assert response.headers['content-type'].startswith('application/x-ndjson')
+  answers = [json.loads(line) for line in response.text.splitlines()]
+  assert answers[-1]['model']['settings']['beam_size'] == 2
+  assert sorted(a['index'] for a in answers[:-1]) == list(range(5))
+  assert all(a['text'] == expected[lines[a['index']]] for a in answers[:-1])
+  scored = client.post('/v1/translate', json={'text': lines[:2], 'stream': True,
+                                              'n_best': 2}).text.splitlines()
+  assert all('hypotheses' in json.loads(line) for line in scored[:-1])
+
+
+def test_programs_compiled_counts_compiles(client):
+  def compiled() -> float:
+    text = client.get('/metrics').text
+    return float(next(line for line in text.splitlines()
+                      if line.startswith('nmt_programs_compiled ')).split()[-1])
+  before = compiled()
+  jax.jit(lambda x: x * 3 + 1)(np.ones(7, np.float32))  # a program never compiled before
+  assert compiled() == before + 1
 
 
 def test_score(client, engine, lines, expected):

@@ -71,6 +71,20 @@ class Scorer:
     self.max_input_len, self.length_growth = max_input_len, length_growth
     self._scores = jit(functools.partial(token_scores, cfg), 'score')
 
+  def precompile(self, params: Any, max_rows: int, max_length: int, eos_id: int) -> int:
+    """Makes (compiles, or loads from the store) the programs of every batch that scoring at
+    most `max_rows` pairs of at most `max_length` subwords a side can meet: each power-of-two
+    row count from 8 to `max_rows` at each grid length up to `max_length`. Returns the number
+    of shapes."""
+    grid = data_lib.length_grid(1, self.max_input_len, self.length_growth)
+    shapes = [(rows, n) for n in grid if n <= max_length
+              for rows in (2 ** i for i in range(3, max(max_rows, 8).bit_length()))
+              if rows <= max(max_rows, 8) and rows * n <= self.tokens_per_batch]
+    for rows, n in shapes:  # `rows` pairs of length n plan as one batch of that shape
+      row = np.full(n, eos_id, np.int32)
+      self.score_ids(params, [row] * rows, [row] * rows)
+    return len(shapes)
+
   def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
                 tgt_rows: Sequence[np.ndarray]) -> list[Scored]:
     """Rows of ids, each ending in EOS (the target's EOS is scored too), in input order."""

@@ -193,13 +193,15 @@ class Engine:
     return ids
 
   def precompile(self, max_rows: int = PRECOMPILE_ROWS,
-                 max_length: int = PRECOMPILE_LENGTH) -> int:
+                 max_length: int = PRECOMPILE_LENGTH, scoring: bool = False) -> int:
     """Makes (compiles, or loads from the store) the decoding programs of every batch that a
     job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
     each batch size from 8 (the fewest rows a batch has) to `max_rows` at each length of the
     grid up to `max_length`, through every cache stage. A later engine with the same store
-    then translates such a job, or a line typed at a terminal, without compiling. Returns
-    the number of batch shapes."""
+    then translates such a job, or a line typed at a terminal, without compiling. With
+    `scoring`, also the forced-decoding programs of `score` and `hypotheses` (scores,
+    n-best, alignments) for as many pairs of as many subwords. Returns the number of batch
+    shapes."""
     params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
     lengths = [n for n in data_lib.length_grid(1, d.max_input_len, d.length_growth)
                if n <= max_length]
@@ -219,6 +221,9 @@ class Engine:
                                              self.concurrent_batches)) as made:
       for _ in made:
         pass
+    if scoring and (self.store is None or self.store.writable):
+      return len(shapes) + self.scorer.precompile(params, max_rows, max_length,
+                                                  src_tok.eos_id)
     return len(shapes)
 
   def hypotheses(self, lines: Sequence[str], progress: Progress = None,

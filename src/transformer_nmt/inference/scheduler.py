@@ -38,6 +38,8 @@ class _Request(Generic[In, Out]):
   pending: collections.deque  # indices of items not yet taken into a batch
   results: list
   left: int  # items whose results have not come back
+  on_item: Optional[Callable[[int, object], None]]  # called as each item's result comes
+
 
   def done(self) -> bool:
     return self.future.done()
@@ -69,11 +71,13 @@ class Scheduler(Generic[In, Out]):
   the request the last batch ended with) while their `count_tokens` sum stays within
   `tokens_per_batch` (a single sentence over the budget runs alone). It starts once the
   queue holds a full budget or `max_wait_ms` after the oldest waiting request came.
-  `on_batch(sentences, tokens, seconds)` is called after each batch (metrics)."""
+  `on_batch(sentences, tokens, seconds)` is called after each batch (metrics). With
+  `mix_requests` off a batch holds one request's sentences only (the requests still take
+  turns): serving without batching across requests, to measure what that batching gains."""
 
   def __init__(self, run_batch: Callable[[list[In]], Sequence[Out]], *, tokens_per_batch: int,
                count_tokens: Callable[[In], int], max_wait_ms: float,
-               max_queue_sentences: int,
+               max_queue_sentences: int, mix_requests: bool = True,
                on_batch: Optional[Callable[[int, int, float], None]] = None):
     if tokens_per_batch < 1 or max_wait_ms < 0 or max_queue_sentences < 1:
       raise ValueError(f'tokens_per_batch={tokens_per_batch} and max_queue_sentences='
@@ -82,6 +86,7 @@ class Scheduler(Generic[In, Out]):
     self.run_batch, self.count_tokens = run_batch, count_tokens
     self.tokens_per_batch, self.max_wait = tokens_per_batch, max_wait_ms / 1000
     self.max_queue_sentences, self.on_batch = max_queue_sentences, on_batch
+    self.mix_requests = mix_requests
     self.stats = Stats()
     self._requests: collections.deque[_Request] = collections.deque()  # round-robin order
     self._queued = 0  # sentences waiting (not yet in a batch)
@@ -100,10 +105,13 @@ class Scheduler(Generic[In, Out]):
     """Sentences waiting for a batch."""
     return self._queued
 
-  def submit(self, items: Sequence[In], deadline: Optional[float] = None
+  def submit(self, items: Sequence[In], deadline: Optional[float] = None,
+             on_item: Optional[Callable[[int, Out], None]] = None
              ) -> concurrent.futures.Future:
     """Queues one request's sentences; its future gets their outputs in input order.
-    `deadline` is a time.monotonic() value. Raises QueueFull when they do not fit the queue,
+    `deadline` is a time.monotonic() value. `on_item(index, output)` is called (from the
+    worker thread, before the future is set) as each sentence's output comes, for answers
+    streamed sentence by sentence. Raises QueueFull when they do not fit the queue,
     SchedulerClosed after `close`."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     if not items:
@@ -118,7 +126,7 @@ class Scheduler(Generic[In, Out]):
                         f'max_queue_sentences={self.max_queue_sentences}')
       self._requests.append(_Request(items, deadline, future, time.monotonic(),
                                      collections.deque(range(len(items))),
-                                     [None] * len(items), len(items)))
+                                     [None] * len(items), len(items), on_item))
       self._queued += len(items)
       self._queued_tokens += tokens
       self._cond.notify_all()
@@ -174,7 +182,8 @@ class Scheduler(Generic[In, Out]):
       request = self._requests[0]
       self._requests.rotate(-1)  # the next batch starts after the last request served
       cost = self.count_tokens(request.items[request.pending[0]])
-      if batch and tokens + cost > self.tokens_per_batch:
+      if batch and (tokens + cost > self.tokens_per_batch
+                    or not self.mix_requests and request is not batch[0][0]):
         skipped += 1  # its next sentence does not fit: maybe another request's does
         continue
       i = request.pending.popleft()
@@ -230,6 +239,14 @@ class Scheduler(Generic[In, Out]):
     for (request, i), output in zip(batch, outputs):
       request.results[i] = output
       request.left -= 1
+      if request.on_item is not None and not request.done():
+        try:
+          request.on_item(i, output)
+        except Exception as e:  # noqa: BLE001 -- the caller's failure ends its request only
+          with self._cond:
+            self._drop(request)
+          _settle(request.future, error=e)
+          continue
       if request.left == 0:
         _settle(request.future, result=request.results)
     if self.on_batch is not None:

@@ -6,6 +6,7 @@ traceback; no request field names a file (unknown fields are refused)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -13,13 +14,14 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
+import jax
 import prometheus_client as prom
 import pydantic
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from transformer_nmt.inference.engine import Engine
@@ -52,9 +54,13 @@ class Limits:
 class TranslateRequest(pydantic.BaseModel):
   model_config = pydantic.ConfigDict(extra='forbid', strict=True)
   text: list[str] = pydantic.Field(min_length=1)
+  # one target text per sentence that its translation must start with ('' for none)
+  prefix: Optional[list[str]] = None
   n_best: int = pydantic.Field(1, ge=1)
   return_scores: bool = False
   return_alignment: bool = False
+  # one JSON line per sentence as it finishes ({"index": i, ...}), then {"model": ...}
+  stream: bool = False
 
 
 class ScoreRequest(pydantic.BaseModel):
@@ -79,6 +85,7 @@ class _Item:
   kind: str  # 'translate', 'hypotheses' or 'score'
   payload: Any  # a line, or a (source, target) pair
   tokens: int
+  prefix: str = ''  # the translation's required start
 
 
 class _Metrics:
@@ -104,6 +111,25 @@ class _Metrics:
     queue.set_function(lambda: scheduler().queue_depth)
     loaded = prom.Gauge('nmt_programs_loaded', 'Stored programs loaded', registry=r)
     loaded.set_function(lambda: 0 if engine.store is None else engine.store.loaded)
+    compiled = prom.Gauge('nmt_programs_compiled', 'XLA programs compiled by this process '
+                          '(flat once warm: a rise means a request waited for a compile)',
+                          registry=r)
+    compiled.set_function(lambda: _compiles.count)
+
+
+class _Compiles:
+  """Counts the process's XLA compilations (JAX reports each backend compile's duration)."""
+
+  def __init__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._heard)
+
+  def _heard(self, event: str, seconds: float, **_: Any) -> None:
+    if event == '/jax/core/compile/backend_compile_duration':
+      self.count += 1
+
+
+_compiles = _Compiles()
 
 
 class _Service:
@@ -111,7 +137,7 @@ class _Service:
   API key and whether warm-up has finished."""
 
   def __init__(self, engine: Engine, limits: Limits, api_key: Optional[str],
-               max_wait_ms: float, tokens_per_batch: Optional[int]):
+               max_wait_ms: float, tokens_per_batch: Optional[int], mix_requests: bool):
     self.engine, self.limits, self.api_key = engine, limits, api_key
     self.model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
                        'settings': dataclasses.asdict(engine.decode)}
@@ -120,7 +146,7 @@ class _Service:
     self.scheduler = Scheduler(self.run_batch, tokens_per_batch=self.budget,
                                count_tokens=lambda item: item.tokens, max_wait_ms=max_wait_ms,
                                max_queue_sentences=limits.max_queue_sentences,
-                               on_batch=self.on_batch)
+                               mix_requests=mix_requests, on_batch=self.on_batch)
     self.ready = threading.Event()
 
   def run_batch(self, items: list[_Item]) -> list[Any]:
@@ -132,12 +158,14 @@ class _Service:
       if not where:
         continue
       payloads = [items[i].payload for i in where]
+      prefixes = [items[i].prefix for i in where]
+      given = {'prefixes': prefixes} if any(prefixes) else {}
       if kind == 'translate':
-        found: list[Any] = engine.translate(payloads)
+        found: list[Any] = engine.translate(payloads, **given)
         self.metrics.target_tokens.inc(
             sum(len(ids) for ids in engine.model.tgt_tok.encode(found)))
       elif kind == 'hypotheses':
-        found = engine.hypotheses(payloads)
+        found = engine.hypotheses(payloads, **given)
         self.metrics.target_tokens.inc(sum(len(h[0].tokens) - 1 for _, h in found if h))
       else:
         found = engine.score([s for s, _ in payloads], [t for _, t in payloads])
@@ -159,6 +187,7 @@ class _Service:
                      work: Callable[[], Awaitable[Response]]) -> Response:
     """`work`'s response, or its error as one JSON line; counted and timed."""
     t0 = time.monotonic()
+    request.state.deadline = t0 + self.limits.timeout_s  # reading the body counts too
     try:
       if self.api_key is not None and endpoint != 'health':
         given = request.headers.get('authorization', '').encode()
@@ -176,18 +205,28 @@ class _Service:
     self.metrics.latency.labels(endpoint).observe(time.monotonic() - t0)
     return response
 
-  async def run(self, request: fastapi.Request, items: list[_Item]) -> list[Any]:
-    """Queues a request's items and waits for their answers, the deadline or the client
-    leaving (whose work is then dropped)."""
+  def submit(self, request: fastapi.Request, items: list[_Item],
+             on_item: Optional[Callable[[int, Any], None]] = None
+             ) -> concurrent.futures.Future:
+    """Queues a request's items (503 while warming up or when the queue is full)."""
     if not self.ready.is_set():
       raise ApiError(503, 'not ready: the model is warming up', 'not_ready',
                      {'Retry-After': str(RETRY_AFTER_S)})
-    deadline = time.monotonic() + self.limits.timeout_s
     try:
-      future = self.scheduler.submit(items, deadline)
+      return self.scheduler.submit(items, request.state.deadline, on_item)
     except QueueFull as e:
       raise ApiError(503, f'busy: {e}', 'queue_full',
                      {'Retry-After': str(RETRY_AFTER_S)}) from None
+
+  def late(self) -> ApiError:
+    return ApiError(504, f'not answered within timeout_s={self.limits.timeout_s:g} seconds',
+                    'deadline')
+
+  async def run(self, request: fastapi.Request, items: list[_Item]) -> list[Any]:
+    """Queues a request's items and waits for their answers, the deadline or the client
+    leaving (whose work is then dropped)."""
+    deadline = request.state.deadline
+    future = self.submit(request, items)
     waited = asyncio.wrap_future(future)
     try:
       while True:
@@ -200,23 +239,68 @@ class _Service:
         if await request.is_disconnected():
           raise ApiError(499, 'the client closed the request', 'disconnected')
     except DeadlineExceeded:
-      raise ApiError(504, f'not answered within timeout_s={self.limits.timeout_s:g} seconds',
-                     'deadline') from None
+      raise self.late() from None
     finally:
       future.cancel()  # a no-op once answered; else the scheduler drops what is left
+
+  def streamed(self, request: fastapi.Request, items: list[_Item],
+               answer: Callable[[Any], dict[str, Any]]) -> Response:
+    """Queues a request's items and answers one JSON line per item as it finishes
+    ({"index": i, **answer(output)}), then {"model": ...}. An error after the first line
+    (deadline, a failed batch) ends the stream with {"error": ..., "status": ...}; a client
+    that leaves has its work dropped."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    put = lambda *x: loop.call_soon_threadsafe(queue.put_nowait, x)
+    future = self.submit(request, items, on_item=put)
+    future.add_done_callback(lambda f: put(None, f))
+
+    async def lines() -> AsyncIterator[str]:
+      try:
+        for _ in range(len(items) + 1):
+          left = request.state.deadline - time.monotonic()
+          i, output = await asyncio.wait_for(queue.get(), max(left, 0))
+          if i is not None:
+            yield json.dumps({'index': i, **answer(output)}) + '\n'
+          elif output.cancelled() or output.exception() is None:
+            yield json.dumps({'model': self.model_info}) + '\n'
+            return
+          else:
+            raise output.exception()
+      except (asyncio.TimeoutError, DeadlineExceeded):
+        yield self.stream_error(self.late())
+      except Exception as e:  # noqa: BLE001 -- as in `answered`: one log line, one error line
+        logging.error('stream: %s: %s', type(e).__name__, ' '.join(str(e).split()))
+        yield self.stream_error(ApiError(500, f'internal error: {type(e).__name__}',
+                                         'internal'))
+      finally:
+        future.cancel()  # the client left, or the stream ended: drop what is left
+
+    return StreamingResponse(lines(), media_type='application/x-ndjson')
+
+  def stream_error(self, e: ApiError) -> str:
+    self.metrics.errors.labels(e.kind).inc()
+    return json.dumps({'error': e.message, 'status': e.status}) + '\n'
 
   async def parsed(self, request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
     """The body as `model`, read up to max_body_bytes."""
     limit = self.limits.max_body_bytes
     declared = request.headers.get('content-length', '')
     size, chunks = int(declared) if declared.isdigit() else 0, []
-    if size <= limit:
-      size = 0
+
+    async def read() -> int:
+      got = 0
       async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+        got += len(chunk)
+        if got > limit:
           break
         chunks.append(chunk)
+      return got
+    if size <= limit:
+      try:  # a body sent slowly (slow loris) holds its connection until the deadline only
+        size = await asyncio.wait_for(read(), request.state.deadline - time.monotonic())
+      except asyncio.TimeoutError:
+        raise ApiError(408, f'the body did not arrive within timeout_s='
+                       f'{self.limits.timeout_s:g} seconds', 'slow_body') from None
     if size > limit:
       raise ApiError(413, f'the body is over max_body_bytes={limit}', 'body_too_large')
     try:
@@ -252,18 +336,28 @@ class _Service:
   async def translate(self, request: fastapi.Request) -> Response:
     body = await self.parsed(request, TranslateRequest)
     self.checked(body.text, 'text')
+    prefixes = body.prefix or [''] * len(body.text)
+    if len(prefixes) != len(body.text):
+      raise ApiError(422, f'prefix has {len(prefixes)} entries and text {len(body.text)}: '
+                     'give one per sentence', 'invalid')
+    self.checked(prefixes, 'prefix')
     if body.n_best > self.engine.n_best:
       raise ApiError(422, f'n_best={body.n_best} is over the n_best={self.engine.n_best} '
                      'this server was started with (serve.py --n_best)', 'limit')
     scored = body.return_scores or body.return_alignment or body.n_best > 1
     kind = 'hypotheses' if scored else 'translate'
-    found = await self.run(request, [self.item(kind, line) for line in body.text])
+    items = [dataclasses.replace(self.item(kind, line), prefix=prefix)
+             for line, prefix in zip(body.text, prefixes)]
     if not scored:
-      translations = [{'text': text} for text in found]
+      answer: Callable[[Any], dict[str, Any]] = lambda text: {'text': text}
     else:
-      translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment)
-                      for source, hyps in found]
-    return JSONResponse({'translations': translations, 'model': self.model_info})
+      answer = lambda found: _with_hypotheses(found[0], found[1][:body.n_best],
+                                              body.return_alignment)
+    if body.stream:
+      return self.streamed(request, items, answer)
+    found = await self.run(request, items)
+    return JSONResponse({'translations': [answer(x) for x in found],
+                         'model': self.model_info})
 
   async def score(self, request: fastapi.Request) -> Response:
     body = await self.parsed(request, ScoreRequest)
@@ -292,14 +386,16 @@ class _Service:
 
 def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
              max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
+             mix_requests: bool = True,
              warm: Optional[Callable[[], None]] = None) -> fastapi.FastAPI:
   """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
   engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
   `warm` (e.g. precompiling) runs in a thread at start-up; until it returns /health answers
   503 and the /v1 endpoints 503 with Retry-After. `api_key` guards everything but /health
-  (header `Authorization: Bearer KEY`)."""
+  (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
+  request's sentences (no batching across requests: bench/serve.py's comparison)."""
   limits.check()
-  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch)
+  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests)
 
   @contextlib.asynccontextmanager
   async def lifespan(_: fastapi.FastAPI):
