@@ -280,8 +280,8 @@ def test_serve_help_and_bad_flags():
 
 
 def test_serve_answers_then_stops_on_sigterm_with_exit_0(tiny_workdir):
-  """The real program under uvicorn: not ready, then ready; a request answered; SIGTERM
-  with a request in flight: that request is answered and the exit code is 0."""
+  """The real program under uvicorn: not ready, then ready; SIGTERM with six requests in
+  flight: each is answered and the exit code is 0."""
   with socket.socket() as probe:
     probe.bind(('127.0.0.1', 0))
     port = probe.getsockname()[1]
@@ -302,11 +302,13 @@ def test_serve_answers_then_stops_on_sigterm_with_exit_0(tiny_workdir):
     request = urllib.request.Request(f'{url}/v1/translate', method='POST',
                                      data=b'{"text": ["A man sings.", "Two dogs play."]}',
                                      headers={'Content-Type': 'application/json'})
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      answer = pool.submit(lambda: urllib.request.urlopen(request, timeout=60).read())
-      time.sleep(0.1)  # connected by then (usually still translating: not asserted)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:  # under load: six in flight
+      answers = [pool.submit(lambda: urllib.request.urlopen(request, timeout=60).read())
+                 for _ in range(6)]
+      time.sleep(0.3)  # connected by then (usually still translating: not asserted)
       server.send_signal(signal.SIGTERM)
-      assert len(json.loads(answer.result(60))['translations']) == 2
+      for answer in answers:
+        assert len(json.loads(answer.result(60))['translations']) == 2
     assert server.wait(60) == 0
     assert 'Traceback' not in server.stderr.read()
   finally:

@@ -130,7 +130,12 @@ class Scheduler(Generic[In, Out]):
       self._queued += len(items)
       self._queued_tokens += tokens
       self._cond.notify_all()
+    future.add_done_callback(self._wake)  # a cancelled request leaves the queue at once
     return future
+
+  def _wake(self, _: concurrent.futures.Future) -> None:
+    with self._cond:
+      self._cond.notify_all()
 
   def close(self, timeout: Optional[float] = None) -> None:
     """Runs what is queued (without waiting to fill batches), then stops the worker."""

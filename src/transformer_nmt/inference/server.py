@@ -222,24 +222,27 @@ class _Service:
     return ApiError(504, f'not answered within timeout_s={self.limits.timeout_s:g} seconds',
                     'deadline')
 
+  async def waited(self, request: fastapi.Request, task: asyncio.Future) -> Any:
+    """`task`'s result, unless the request's deadline passes (504) or its client leaves."""
+    while True:
+      left = request.state.deadline - time.monotonic()
+      if left <= 0:
+        raise self.late()
+      done, _ = await asyncio.wait({task}, timeout=min(left, 0.25))
+      if done:
+        try:
+          return task.result()
+        except DeadlineExceeded:  # the scheduler's own deadline check came first
+          raise self.late() from None
+      if await request.is_disconnected():
+        raise ApiError(499, 'the client closed the request', 'disconnected')
+
   async def run(self, request: fastapi.Request, items: list[_Item]) -> list[Any]:
     """Queues a request's items and waits for their answers, the deadline or the client
     leaving (whose work is then dropped)."""
-    deadline = request.state.deadline
     future = self.submit(request, items)
-    waited = asyncio.wrap_future(future)
     try:
-      while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-          raise DeadlineExceeded()
-        done, _ = await asyncio.wait({waited}, timeout=min(left, 0.25))
-        if done:
-          return waited.result()
-        if await request.is_disconnected():
-          raise ApiError(499, 'the client closed the request', 'disconnected')
-    except DeadlineExceeded:
-      raise self.late() from None
+      return await self.waited(request, asyncio.wrap_future(future))
     finally:
       future.cancel()  # a no-op once answered; else the scheduler drops what is left
 
@@ -257,17 +260,25 @@ class _Service:
     async def lines() -> AsyncIterator[str]:
       try:
         for _ in range(len(items) + 1):
-          left = request.state.deadline - time.monotonic()
-          i, output = await asyncio.wait_for(queue.get(), max(left, 0))
+          getter = asyncio.ensure_future(queue.get())
+          try:
+            i, output = await self.waited(request, getter)
+          finally:
+            getter.cancel()
           if i is not None:
             yield json.dumps({'index': i, **answer(output)}) + '\n'
           elif output.cancelled() or output.exception() is None:
             yield json.dumps({'model': self.model_info}) + '\n'
             return
+          elif isinstance(output.exception(), DeadlineExceeded):
+            raise self.late()
           else:
             raise output.exception()
-      except (asyncio.TimeoutError, DeadlineExceeded):
-        yield self.stream_error(self.late())
+      except ApiError as e:
+        if e.kind == 'disconnected':
+          self.metrics.errors.labels(e.kind).inc()  # nobody is left to read a line
+        else:
+          yield self.stream_error(e)
       except Exception as e:  # noqa: BLE001 -- as in `answered`: one log line, one error line
         logging.error('stream: %s: %s', type(e).__name__, ' '.join(str(e).split()))
         yield self.stream_error(ApiError(500, f'internal error: {type(e).__name__}',
