@@ -16,6 +16,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 import fastapi
+import numpy as np
 import prometheus_client as prom
 import pydantic
 from fastapi.exceptions import RequestValidationError
@@ -55,6 +56,7 @@ class TranslateRequest(pydantic.BaseModel):
   n_best: int = pydantic.Field(1, ge=1)
   return_scores: bool = False
   return_alignment: bool = False
+  return_attention: bool = False  # per hypothesis [tokens][source_tokens]: larger answers
 
 
 class ScoreRequest(pydantic.BaseModel):
@@ -255,14 +257,15 @@ class _Service:
     if body.n_best > self.engine.n_best:
       raise ApiError(422, f'n_best={body.n_best} is over the n_best={self.engine.n_best} '
                      'this server was started with (serve.py --n_best)', 'limit')
-    scored = body.return_scores or body.return_alignment or body.n_best > 1
+    scored = (body.return_scores or body.return_alignment or body.return_attention
+              or body.n_best > 1)
     kind = 'hypotheses' if scored else 'translate'
     found = await self.run(request, [self.item(kind, line) for line in body.text])
     if not scored:
       translations = [{'text': text} for text in found]
     else:
-      translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment)
-                      for source, hyps in found]
+      translations = [_with_hypotheses(source, hyps[:body.n_best], body.return_alignment,
+                                       body.return_attention) for source, hyps in found]
     return JSONResponse({'translations': translations, 'model': self.model_info})
 
   async def score(self, request: fastapi.Request) -> Response:
@@ -347,12 +350,18 @@ def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name
   getattr(app, method)(path, **extra)(endpoint)
 
 
-def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool) -> dict[str, Any]:
+def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
+                     attention: bool = False) -> dict[str, Any]:
+  """One sentence's answer: its best text and hypotheses, with `source_tokens` when an
+  alignment or attention (rows: `tokens`, columns: `source_tokens`) is asked for."""
   fields = ('text', 'score', 'logprob', 'tokens', 'token_logprobs') + (
       ('alignment',) if alignment else ())
   answer: dict[str, Any] = {'text': hyps[0].text if hyps else '',
                             'hypotheses': [{f: getattr(h, f) for f in fields} for h in hyps]}
-  if alignment:
+  if attention:  # 6 decimals: the JSON about half as long, weights still to 1e-6
+    for shown, h in zip(answer['hypotheses'], hyps):
+      shown['attention'] = np.round(h.attention.astype(np.float64), 6).tolist()
+  if alignment or attention:
     answer['source_tokens'] = source
   return answer
 
