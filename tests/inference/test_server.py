@@ -92,29 +92,30 @@ def test_n_best_and_scores(client, engine, lines, expected):
 def test_attention_is_plot_attentions_and_gives_the_alignment(client, engine, lines, expected):
   """return_attention: per hypothesis the numbers plots.cross_attention (decode.py
   --plot_attention) computes for it, [tokens][source_tokens]; the alignment is their argmax."""
-  body = client.post('/v1/translate', json={'text': lines[:3], 'n_best': 2,
+  body = client.post('/v1/translate', json={'text': lines[:2], 'n_best': 2,
                                             'return_attention': True,
                                             'return_alignment': True}).json()
   model = engine.model
   ids = [{p: i for i, p in enumerate(tok.pieces(range(tok.vocab_size)))}
          for tok in (model.src_tok, model.tgt_tok)]
-  checked = 0
-  for line, t in zip(lines, body['translations']):
+  compared = []
+  for i, (line, t) in enumerate(zip(lines, body['translations'])):
     assert t['text'] == expected[line]
     src = [ids[0][p] for p in t['source_tokens']]
     assert src == model.src_tok.encode([line])[0] + [model.src_tok.eos_id]
-    for h in t['hypotheses']:
+    for j, h in enumerate(t['hypotheses']):
       got = np.array(h['attention'])
       assert got.shape == (len(h['tokens']), len(src))
-      want = plots.cross_attention(model, src, [ids[1][p] for p in h['tokens']])
-      # The noise makes attention sharp (large logits), which magnifies the rounding of a
-      # padded batch's other shapes: equal to 1e-4, not bit for bit.
-      np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
       np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-4)
       rows = np.arange(len(got))
       assert np.all(got[rows, h['alignment']] >= got.max(axis=1) - 1e-6)  # rounding: ties
-      checked += 1
-  assert checked >= 4
+      if (i, j) in ((0, 0), (1, 1)):  # plots.cross_attention runs eagerly: 2-3 s a shape
+        want = plots.cross_attention(model, src, [ids[1][p] for p in h['tokens']])
+        # The noise makes attention sharp (large logits), which magnifies the rounding of
+        # a padded batch's other shapes: equal to 1e-4, not bit for bit.
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+        compared.append((i, j))
+  assert compared == [(0, 0), (1, 1)]
   (_, hyps), = engine.hypotheses(lines[:1])
   assert hyps[0].alignment == np.argmax(hyps[0].attention, axis=1).tolist()
   assert 'attention' not in hyps[0].as_json()  # decode.py's n-best lines stay small
