@@ -73,6 +73,26 @@ def loaded(tiny_workdir):
   return load_workdir(tiny_workdir)
 
 
+@pytest.fixture(scope='session')
+def noisy_engine(tiny_workdir):
+  """An engine (beam 2, n-best 2, at most 8 target subwords) on the tiny model's weights with
+  strong noise: the model trained 20 steps says '' to everything, these weights something
+  else for each line, so that a line answered for another would show. One per session: the
+  server and page tests share its compiled programs."""
+  import dataclasses
+
+  import jax
+
+  from transformer_nmt.inference import Engine, load_workdir
+  loaded = load_workdir(tiny_workdir)
+  leaves, tree = jax.tree.flatten(loaded.params)
+  keys = jax.random.split(jax.random.key(0), len(leaves))
+  noisy = jax.tree.unflatten(tree, [x + 2.0 * jax.random.normal(k, x.shape, x.dtype)
+                                    for x, k in zip(leaves, keys)])
+  settings = dataclasses.replace(loaded.decode, beam_size=2, max_len=8)
+  return Engine(dataclasses.replace(loaded, params=noisy), settings, n_best=2)
+
+
 @pytest.fixture(scope='module')
 def lines(tiny_workdir) -> list[str]:
   """The first lines of the tiny workdir's English test set."""

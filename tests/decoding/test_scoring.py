@@ -110,6 +110,13 @@ def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
   assert len(hyps) == 1 and source.count('</s>') >= 2  # in pieces, each with its EOS
   assert len(hyps[0].tokens) == len(hyps[0].token_logprobs) == len(hyps[0].alignment)
   assert all(0 <= a < len(source) for a in hyps[0].alignment)
+  # each piece's target subwords attend to that piece's source only (block-diagonal)
+  attention = hyps[0].attention
+  assert attention.shape == (len(hyps[0].tokens), len(source))
+  np.testing.assert_allclose(attention.sum(axis=1), 1, atol=1e-5)
+  assert hyps[0].alignment == np.argmax(attention, axis=1).tolist()
+  first_eos, first_end = hyps[0].tokens.index('</s>') + 1, source.index('</s>') + 1
+  assert not attention[:first_eos, first_end:].any() and not attention[first_eos:, :first_end].any()
 
 
 def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tmp_path):

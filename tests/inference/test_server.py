@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, shared_compile_cache
 from fastapi.testclient import TestClient
 
+from transformer_nmt import plots
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.server import Limits, make_app
 
@@ -29,15 +30,8 @@ LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=
 
 
 @pytest.fixture(scope='module')
-def engine(loaded) -> Engine:
-  # The tiny model, 20 steps trained, says '' to everything: its weights with strong noise say
-  # something else for each line, so that a line answered for another would show.
-  leaves, tree = jax.tree.flatten(loaded.params)
-  keys = jax.random.split(jax.random.key(0), len(leaves))
-  noisy = jax.tree.unflatten(tree, [x + 2.0 * jax.random.normal(k, x.shape, x.dtype)
-                                    for x, k in zip(leaves, keys)])
-  settings = dataclasses.replace(loaded.decode, beam_size=2, max_len=8)
-  return Engine(dataclasses.replace(loaded, params=noisy), settings, n_best=2)
+def engine(noisy_engine) -> Engine:
+  return noisy_engine  # conftest.py: shared with test_page.py
 
 
 @pytest.fixture(scope='module')
@@ -132,6 +126,38 @@ def test_programs_compiled_counts_compiles(client):
   before = compiled()
   jax.jit(lambda x: x * 3 + 1)(np.ones(7, np.float32))  # a program never compiled before
   assert compiled() == before + 1
+
+
+def test_attention_is_plot_attentions_and_gives_the_alignment(client, engine, lines, expected):
+  """return_attention: per hypothesis the numbers plots.cross_attention (decode.py
+  --plot_attention) computes for it, [tokens][source_tokens]; the alignment is their argmax."""
+  body = client.post('/v1/translate', json={'text': lines[:2], 'n_best': 2,
+                                            'return_attention': True,
+                                            'return_alignment': True}).json()
+  model = engine.model
+  ids = [{p: i for i, p in enumerate(tok.pieces(range(tok.vocab_size)))}
+         for tok in (model.src_tok, model.tgt_tok)]
+  compared = []
+  for i, (line, t) in enumerate(zip(lines, body['translations'])):
+    assert t['text'] == expected[line]
+    src = [ids[0][p] for p in t['source_tokens']]
+    assert src == model.src_tok.encode([line])[0] + [model.src_tok.eos_id]
+    for j, h in enumerate(t['hypotheses']):
+      got = np.array(h['attention'])
+      assert got.shape == (len(h['tokens']), len(src))
+      np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-4)
+      rows = np.arange(len(got))
+      assert np.all(got[rows, h['alignment']] >= got.max(axis=1) - 1e-6)  # rounding: ties
+      if (i, j) in ((0, 0), (1, 1)):  # plots.cross_attention runs eagerly: 2-3 s a shape
+        want = plots.cross_attention(model, src, [ids[1][p] for p in h['tokens']])
+        # The noise makes attention sharp (large logits), which magnifies the rounding of
+        # a padded batch's other shapes: equal to 1e-4, not bit for bit.
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+        compared.append((i, j))
+  assert compared == [(0, 0), (1, 1)]
+  (_, hyps), = engine.hypotheses(lines[:1])
+  assert hyps[0].alignment == np.argmax(hyps[0].attention, axis=1).tolist()
+  assert 'attention' not in hyps[0].as_json()  # decode.py's n-best lines stay small
 
 
 def test_score(client, engine, lines, expected):

@@ -1,9 +1,10 @@
 """Forced decoding: the model's log-probabilities of given translations, token by token.
 
 What fairseq's score-reference and CTranslate2's score_batch give: reranking n-best lists,
-filtering parallel data, checking a search's own scores. Each target token also gets an
-alignment, the source token with the highest last-layer cross-attention averaged over heads
-(the usual cheap alignment). Dimension legend: B batch, S source, T target length, H heads.
+filtering parallel data, checking a search's own scores. Each target token also gets its
+last decoder layer's cross-attention averaged over heads (what plots.cross_attention draws)
+and an alignment, the source token that attention weighs most (the usual cheap alignment).
+Dimension legend: B batch, S source, T target length, H heads.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ from transformer_nmt.model.transformer import Transformer, last_cross_attention
 
 @dataclasses.dataclass(frozen=True)
 class Scored:
-  """One target's scores. token_logprobs and alignment have one entry per target token and
-  one for the EOS that ends it; alignment holds source token positions (EOS included)."""
+  """One target's scores. token_logprobs, alignment and attention's rows have one entry per
+  target token and one for the EOS that ends it; alignment holds source token positions and
+  attention's columns are the source tokens (EOS included)."""
 
   logprob: float  # log P(target, EOS | source)
   token_logprobs: np.ndarray  # [T + 1] float
-  alignment: np.ndarray  # [T + 1] int
+  alignment: np.ndarray  # [T + 1] int: the argmax of each attention row
+  attention: np.ndarray  # [T + 1, S + 1] float32, each row summing to 1
 
 
 def token_scores(cfg: Models, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
-  """Teacher-forced log P of each `tgt_out` token [B, T] and its aligned source position
-  [B, T] (argmax over S of the last decoder layer's cross-attention, mean over heads). For
-  an ensemble, log P is that of the normalised mean of the members' log-probabilities (as
-  in decoding/ensemble.py) and the alignment the first member's."""
+  """Teacher-forced log P of each `tgt_out` token [B, T] and the last decoder layer's
+  cross-attention, mean over heads [B, T, S] (float32). For an ensemble, log P is that of
+  the normalised mean of the members' log-probabilities (as in decoding/ensemble.py) and
+  the attention the first member's. The alignment is the attention's argmax over S, taken
+  by the caller (Scorer) so that one program serves both."""
   scored = [_member_scores(c, p, batch) for c, p in ensemble.members(cfg, params)]
   logp = jnp.mean(jnp.stack([s for s, _ in scored]), axis=0)  # [B, T, V]
   if ensemble.is_ensemble(cfg):
@@ -48,14 +52,14 @@ def token_scores(cfg: Models, params: Any, batch: dict) -> tuple[jax.Array, jax.
 
 
 def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
-  """One model's log-probabilities [B, T, V] and alignment [B, T]."""
+  """One model's log-probabilities [B, T, V] and head-mean cross-attention [B, T, S]."""
   logits, state = Transformer(cfg).apply(
       {'params': params}, batch['src'], batch['tgt_in'], batch['src_segments'],
       batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
       mutable=['intermediates'])
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
   weights = last_cross_attention(cfg, state['intermediates'])  # [B, H, T, S]
-  return logp, jnp.argmax(jnp.mean(weights, axis=1), axis=-1)
+  return logp, jnp.mean(weights, axis=1)  # float32 (attention.attention_weights)
 
 
 class Scorer:
@@ -101,9 +105,11 @@ class Scorer:
     for plan in data_lib.fill_batches(data.lengths, boundaries, self.tokens_per_batch, sizes,
                                       min_rows=8):
       batch = data_lib.collate(data, plan)
-      logp, align = map(np.asarray, self._scores(params, batch))
+      logp, attention = map(np.asarray, self._scores(params, batch))  # [B, T], [B, T, S]
       for row, i in enumerate(plan.examples):
-        n = len(data.tgt[i])
+        n, s = len(data.tgt[i]), len(data.src[i])
+        # a copy: a view would keep the whole batch's [B, T, S] alive with each Scored
+        mine = attention[row, :n, :s].copy()  # padding columns hold 0 weight
         out[i] = Scored(float(np.sum(logp[row, :n], dtype=np.float64)), logp[row, :n],
-                        align[row, :n])
+                        np.argmax(mine, axis=-1), mine)
     return out

@@ -37,8 +37,9 @@ Progress = Optional[Callable[[int], None]]  # called with the number of sentence
 class Hypothesis:
   """One translation with the model's scores of it (forced decoding, scoring.py).
 
-  tokens, token_logprobs, alignment: one entry per target subword and one for the final EOS;
-  alignment holds positions in the source's subwords (`source_tokens`, EOS last)."""
+  tokens, token_logprobs, alignment, attention's rows: one entry per target subword and one
+  for the final EOS; alignment holds positions in the source's subwords (`source_tokens`,
+  EOS last), which are attention's columns."""
 
   text: str
   score: float  # logprob / GNMT length penalty (decode.alpha), what beam search ranks by
@@ -46,9 +47,16 @@ class Hypothesis:
   tokens: list[str]
   token_logprobs: list[float]
   alignment: list[int]
+  # [tokens, source_tokens] float32: the last decoder layer's cross-attention, mean over
+  # heads (plots.cross_attention); alignment is its rows' argmax. Not in as_json: decode.py's
+  # n-best lines stay small.
+  attention: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.float32),
+                                            repr=False, compare=False)
 
   def as_json(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    """The fields decode.py writes (all but `attention`)."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name != 'attention'}
 
 
 class Engine:
@@ -280,7 +288,7 @@ class Engine:
                       scored.logprob / float(length_penalty(n, self.decode.alpha)),
                       scored.logprob, tgt_tok.pieces(ids.tolist() + [tgt_tok.eos_id]),
                       [float(x) for x in scored.token_logprobs],
-                      [int(x) for x in scored.alignment])
+                      [int(x) for x in scored.alignment], scored.attention)
 
   def translate(self, lines: Sequence[str], progress: Progress = None,
                 prefixes: Optional[Sequence[str]] = None) -> list[str]:
@@ -306,10 +314,14 @@ class Engine:
 
 def _joined(first: Hypothesis, then: Hypothesis, offset: int, alpha: float) -> Hypothesis:
   """Two pieces' translations of one line as one hypothesis; `then`'s alignment shifted by
-  the `offset` source subwords before its piece."""
+  the `offset` source subwords before its piece, and its attention placed beside them (each
+  piece attends to its own source only: the matrix is block-diagonal)."""
   logprob = first.logprob + then.logprob
   tokens = first.tokens + then.tokens
+  attention = np.zeros((len(tokens), offset + then.attention.shape[1]), np.float32)
+  attention[:len(first.tokens), :offset] = first.attention
+  attention[len(first.tokens):, offset:] = then.attention
   return Hypothesis(' '.join(t for t in (first.text, then.text) if t),
                     logprob / float(length_penalty(len(tokens), alpha)), logprob, tokens,
                     first.token_logprobs + then.token_logprobs,
-                    first.alignment + [a + offset for a in then.alignment])
+                    first.alignment + [a + offset for a in then.alignment], attention)

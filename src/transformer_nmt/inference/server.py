@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
 import jax
+import numpy as np
 import prometheus_client as prom
 import pydantic
 from fastapi.exceptions import RequestValidationError
@@ -61,6 +62,7 @@ class TranslateRequest(pydantic.BaseModel):
   return_alignment: bool = False
   # one JSON line per sentence as it finishes ({"index": i, ...}), then {"model": ...}
   stream: bool = False
+  return_attention: bool = False  # per hypothesis [tokens][source_tokens]: larger answers
 
 
 class ScoreRequest(pydantic.BaseModel):
@@ -355,7 +357,8 @@ class _Service:
     if body.n_best > self.engine.n_best:
       raise ApiError(422, f'n_best={body.n_best} is over the n_best={self.engine.n_best} '
                      'this server was started with (serve.py --n_best)', 'limit')
-    scored = body.return_scores or body.return_alignment or body.n_best > 1
+    scored = (body.return_scores or body.return_alignment or body.return_attention
+              or body.n_best > 1)
     kind = 'hypotheses' if scored else 'translate'
     items = [dataclasses.replace(self.item(kind, line), prefix=prefix)
              for line, prefix in zip(body.text, prefixes)]
@@ -363,7 +366,7 @@ class _Service:
       answer: Callable[[Any], dict[str, Any]] = lambda text: {'text': text}
     else:
       answer = lambda found: _with_hypotheses(found[0], found[1][:body.n_best],
-                                              body.return_alignment)
+                                              body.return_alignment, body.return_attention)
     if body.stream:
       return self.streamed(request, items, answer)
     found = await self.run(request, items)
@@ -454,12 +457,18 @@ def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name
   getattr(app, method)(path, **extra)(endpoint)
 
 
-def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool) -> dict[str, Any]:
+def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
+                     attention: bool = False) -> dict[str, Any]:
+  """One sentence's answer: its best text and hypotheses, with `source_tokens` when an
+  alignment or attention (rows: `tokens`, columns: `source_tokens`) is asked for."""
   fields = ('text', 'score', 'logprob', 'tokens', 'token_logprobs') + (
       ('alignment',) if alignment else ())
   answer: dict[str, Any] = {'text': hyps[0].text if hyps else '',
                             'hypotheses': [{f: getattr(h, f) for f in fields} for h in hyps]}
-  if alignment:
+  if attention:  # 6 decimals: the JSON about half as long, weights still to 1e-6
+    for shown, h in zip(answer['hypotheses'], hyps):
+      shown['attention'] = np.round(h.attention.astype(np.float64), 6).tolist()
+  if alignment or attention:
     answer['source_tokens'] = source
   return answer
 
