@@ -69,6 +69,12 @@ class Checkpointer:
     self._check_space(step, payload)
     self._manager.save(step, args=ocp.args.StandardSave(payload), force=force, metrics=metrics)
 
+  def save_params(self, step: int, params: Any) -> None:
+    """Saves parameters alone, without an optimizer or loop state (an imported model,
+    import_marian.py): decoding and train.init_from read them; resuming training from them
+    is refused as a state of another layout."""
+    self._manager.save(step, args=ocp.args.StandardSave({'params': params}))
+
   def _check_space(self, step: int, payload: Any) -> None:
     """Refuses a save the disk has no room for, before it starts: a save that runs out of
     space fails in Orbax's background threads, dozens of tracebacks later."""

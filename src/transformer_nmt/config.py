@@ -25,7 +25,9 @@ class ModelConfig:
 
   Deviations from the paper are named options: `norm_position='pre'` and
   `positional_encoding='concat'` are the tensor2tensor variants, and the
-  attention/ReLU dropouts default to 0 as in the paper (tensor2tensor uses 0.1).
+  attention/ReLU dropouts default to 0 as in the paper (tensor2tensor uses 0.1). The options
+  after `remat` describe models imported from Marian (OPUS-MT, import_marian.py); each
+  default is the paper's (docs/MODEL_OPTIONS.md).
   """
 
   vocab_size: int = 0  # filled from the tokenizer; target vocab when not shared
@@ -55,12 +57,25 @@ class ModelConfig:
   dropout_bits: int = 16
   norm_position: str = 'post'  # 'post': paper LayerNorm(x + Sublayer(x)); 'pre': t2t
   layer_norm_epsilon: float = 1e-6
-  positional_encoding: str = 'interleaved'  # paper's sin/cos interleaving, or 'concat'
+  # 'interleaved': the paper's sin/cos interleaving; 'concat': tensor2tensor's [sin | cos]
+  # with its own spacing of the rates; 'halves': the paper's rates as [sin | cos] (Marian).
+  positional_encoding: str = 'interleaved'
   share_embeddings: bool = True  # one source/target embedding over a joint vocabulary
   tie_output: bool = True  # target embedding = pre-softmax projection (§3.4)
   dtype: str = 'float32'  # compute dtype; trained parameters stay float32
   float32_logits: bool = True  # bfloat16 mode: False rounds the logits to bfloat16 (memory)
   remat: bool = False  # recompute each layer's activations in the backward pass (memory)
+  # The FFN's nonlinearity: 'relu' (eq. 2), 'swish' (x * sigmoid(x), Marian's and OPUS-MT's)
+  # or 'gelu' (the exact, erf-based one).
+  activation: str = 'relu'
+  # Biases on the attention projections W^Q, W^K, W^V, W^O (Marian has them; the paper's
+  # equations and tensor2tensor do not).
+  attention_bias: bool = False
+  # Embeddings multiplied by sqrt(d_model) (§3.4); False: used as they are.
+  scale_embeddings: bool = True
+  # A learned [V] bias added to the output logits (Marian's final_logits_bias); the paper's
+  # pre-softmax projection is the tied embedding alone.
+  final_logits_bias: bool = False
 
   @property
   def head_dim(self) -> int:
@@ -95,14 +110,20 @@ class ModelConfig:
            f'model.dropout_bits={self.dropout_bits} must be 16 or 32')
     _check(self.norm_position in ('post', 'pre'),
            f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
-    _check(self.positional_encoding in ('interleaved', 'concat'),
-           f'model.positional_encoding={self.positional_encoding!r} must be '
-           "'interleaved' or 'concat'")
+    _check(self.positional_encoding in POSITIONAL_ENCODINGS,
+           f'model.positional_encoding={self.positional_encoding!r} must be one of '
+           f'{list(POSITIONAL_ENCODINGS)}')
+    _check(self.activation in ACTIVATIONS,
+           f'model.activation={self.activation!r} must be one of {list(ACTIVATIONS)}')
     _check(self.dtype in ('float32', 'bfloat16'),
            f"model.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
     _check(self.layer_norm_epsilon > 0, 'model.layer_norm_epsilon must be positive')
     _check(self.d_model % 2 == 0, 'model.d_model must be even for sinusoidal positions')
     return self
+
+
+POSITIONAL_ENCODINGS = ('interleaved', 'concat', 'halves')
+ACTIVATIONS = ('relu', 'swish', 'gelu')  # model.activation (model/layers.py)
 
 
 def _check(ok: bool, message: str) -> None:

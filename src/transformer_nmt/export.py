@@ -12,6 +12,11 @@ EOS at the end of every source), e.g.
     pieces = sp.encode(line, out_type=str) + ['</s>']
     translator.translate_batch([pieces], beam_size=4)
 
+The options of imported Marian models (docs/MODEL_OPTIONS.md) have CTranslate2 counterparts:
+the FFN's activation, biases on the attention projections, embeddings left unscaled, and the
+final logits bias as the output projection's bias; the decoder's start token is the target
+tokenizer's (the padding piece for a Marian model).
+
 CTranslate2's length penalty divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha, so
 beam search results can differ slightly from ours; greedy search agrees.
 """
@@ -46,13 +51,17 @@ def _norm(spec: Any, p: dict) -> None:
 
 def _attention(spec: Any, p: dict, norm: dict, self_attention: bool) -> None:
   q, k, v = (np.asarray(p[n]['kernel']) for n in ('query', 'key', 'value'))
+  biased = 'bias' in p['query']  # model.attention_bias
+  bq, bk, bv = (np.asarray(p[n]['bias']) if biased else None for n in ('query', 'key', 'value'))
+  joined = lambda *bs: np.concatenate(bs) if biased else None  # noqa: E731
+  out_bias = p['out'].get('bias')
   if self_attention:
-    _linear(spec.linear[0], np.concatenate([q, k, v], axis=1))
-    _linear(spec.linear[1], p['out']['kernel'])
+    _linear(spec.linear[0], np.concatenate([q, k, v], axis=1), joined(bq, bk, bv))
+    _linear(spec.linear[1], p['out']['kernel'], out_bias)
   else:
-    _linear(spec.linear[0], q)
-    _linear(spec.linear[1], np.concatenate([k, v], axis=1))
-    _linear(spec.linear[2], p['out']['kernel'])
+    _linear(spec.linear[0], q, bq)
+    _linear(spec.linear[1], np.concatenate([k, v], axis=1), joined(bk, bv))
+    _linear(spec.linear[2], p['out']['kernel'], out_bias)
   _norm(spec.layer_norm, norm)
 
 
@@ -65,11 +74,14 @@ def _ffn(spec: Any, p: dict, norm: dict) -> None:
 def build_spec(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Tokenizer,
                max_positions: int = 1024) -> Any:
   """A ctranslate2 TransformerSpec holding our parameters and vocabularies."""
-  from ctranslate2.specs import transformer_spec
+  from ctranslate2.specs import common_spec, transformer_spec
   if not cfg.tie_output:
     raise ConfigError('CTranslate2 export supports tied output projections only')
+  activation = {'relu': common_spec.Activation.RELU, 'swish': common_spec.Activation.SWISH,
+                'gelu': common_spec.Activation.GELU}[cfg.activation]
   spec = transformer_spec.TransformerSpec.from_config(
-      (cfg.encoder_depth, cfg.decoder_depth), cfg.num_heads, pre_norm=cfg.norm_position == 'pre')
+      (cfg.encoder_depth, cfg.decoder_depth), cfg.num_heads, pre_norm=cfg.norm_position == 'pre',
+      activation=activation)
   spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   positions = np.asarray(sinusoidal_positions(jnp.arange(max_positions), cfg.d_model,
                                               cfg.positional_encoding), np.float32)
@@ -80,6 +92,9 @@ def build_spec(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Token
   enc.embeddings[0].weight, dec.embeddings.weight = src_table, tgt_table
   enc.position_encodings.encodings = dec.position_encodings.encodings = positions
   dec.projection.weight = tgt_table  # [V, D] = the tied pre-softmax projection
+  if cfg.final_logits_bias:
+    dec.projection.bias = np.asarray(params['final_logits_bias'], np.float32)
+  enc.scale_embeddings = dec.scale_embeddings = cfg.scale_embeddings
   for i, layer in enumerate(enc.layer):
     p = params[f'encoder_layers_{i}']
     _attention(layer.self_attention, p['self_attention'], p['norms_0'], True)

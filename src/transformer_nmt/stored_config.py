@@ -23,7 +23,9 @@ RETIRED = ('decode.source_multiple',)
 # with: a config.json without the key describes a run that had that value.
 MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 32,
                        'source_word_dropout': 0.0, 'target_word_dropout': 0.0,
-                       'num_encoder_layers': 0, 'num_decoder_layers': 0}
+                       'num_encoder_layers': 0, 'num_decoder_layers': 0, 'activation': 'relu',
+                       'attention_bias': False, 'scale_embeddings': True,
+                       'final_logits_bias': False}
 
 
 def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:

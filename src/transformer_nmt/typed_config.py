@@ -69,7 +69,10 @@ def validate_config(config: Mapping[str, Any]) -> Sections:
     raise ConfigError(f'data.tokens_per_batch={s.data.tokens_per_batch} is less than one row of '
                       f'{rows} tokens (data.max_len or data.pack_length): no batch could hold '
                       'the longest pairs')
-  if not s.data.joint_vocab and s.model.get('share_embeddings', True):
+  # Unless a piece table gives both sides one vocabulary: an imported Marian model's, which
+  # train.init_from brings (training/loop.py checks it once the tokenizers are known).
+  if (not s.data.joint_vocab and s.model.get('share_embeddings', True)
+      and not s.train.init_from):
     raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
                       'it needs model.share_embeddings=False')
   return s

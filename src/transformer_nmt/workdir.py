@@ -4,6 +4,8 @@
   WORKDIR/lock               held by the train.py that runs on the workdir (an OS file lock)
   WORKDIR/spm.model          the joint SentencePiece model (spm.src.model and spm.tgt.model
                              when data.joint_vocab=False)
+  WORKDIR/vocab.json         an imported Marian model's piece table: the ids of both
+                             SentencePiece models' pieces (data/tokenizer.py, import_marian.py)
   WORKDIR/checkpoints/<step> Orbax checkpoints, the last train.keep_checkpoints kept, each
                              with checksums.json once its save has finished; unreadable ones
                              are moved to checkpoints/quarantine/<step>
@@ -149,9 +151,9 @@ class Workdir:
   def own_paths(self) -> list[pathlib.Path]:
     """Every file and directory of the layout above (whether it exists yet or not)."""
     return [self.config, self.root / 'lock', *self.tokenizer_paths(True),
-            *self.tokenizer_paths(False), self.checkpoints, self.best, self.metrics,
-            self.tensorboard, self.profile, self.compile_cache, self.programs, self.demo_data,
-            self.data_cache, self.recipe, self.plots]
+            *self.tokenizer_paths(False), self.piece_table, self.checkpoints, self.best,
+            self.metrics, self.tensorboard, self.profile, self.compile_cache, self.programs,
+            self.demo_data, self.data_cache, self.recipe, self.plots]
 
   def owns(self, path: str | os.PathLike) -> bool:
     """Whether `path` is one of this workdir's files or lies in one of its directories
@@ -175,6 +177,15 @@ class Workdir:
     if joint:
       return self.root / 'spm.model', self.root / 'spm.model'
     return self.root / 'spm.src.model', self.root / 'spm.tgt.model'
+
+  @property
+  def piece_table(self) -> pathlib.Path:
+    """An imported Marian model's piece table (data/tokenizer.py's PieceTable)."""
+    return self.root / 'vocab.json'
+
+  def tokenizer_table(self) -> Optional[pathlib.Path]:
+    """The piece table the tokenizers of this workdir use, or None (SentencePiece's ids)."""
+    return self.piece_table if self.piece_table.exists() else None
 
   def existing_tokenizer_paths(self) -> Optional[tuple[pathlib.Path, pathlib.Path]]:
     """The tokenizer files this workdir holds (joint first), or None."""

@@ -131,22 +131,25 @@ def tokenizers(data_cfg: DataConfig, corpus: Corpus,
 def _tokenizers(data_cfg: DataConfig, corpus: Corpus,
                 workdir: pathlib.Path) -> tuple[Tokenizer, Tokenizer]:
   src_path, tgt_path = Workdir(workdir).tokenizer_paths(data_cfg.joint_vocab)
+  table = Workdir(workdir).tokenizer_table()  # an imported model's (train.init_from copies it)
   if data_cfg.joint_vocab:
     tok = _load_or_train(data_cfg, src_path, lambda: corpus.train[0] + corpus.train[1],
-                         data_cfg.spm_model)
+                         data_cfg.spm_model, table)
     return tok, tok
   if data_cfg.spm_model:
     raise ConfigError('data.spm_model gives one shared model; it needs data.joint_vocab=True')
-  return (_load_or_train(data_cfg, src_path, lambda: corpus.train[0], ''),
-          _load_or_train(data_cfg, tgt_path, lambda: corpus.train[1], ''))
+  return (_load_or_train(data_cfg, src_path, lambda: corpus.train[0], '', table),
+          _load_or_train(data_cfg, tgt_path, lambda: corpus.train[1], '', table))
 
 
 def _load_or_train(data_cfg: DataConfig, path: pathlib.Path,
-                   text: Callable[[], list[str]], given: str) -> Tokenizer:
-  """The model at `path`; else a copy of `given`; else one trained on `text()`."""
+                   text: Callable[[], list[str]], given: str,
+                   table: Optional[pathlib.Path] = None) -> Tokenizer:
+  """The model at `path` (with the workdir's piece table, if any); else a copy of `given`;
+  else one trained on `text()`."""
   if path.exists():
     logging.info('Reusing SentencePiece model %s', path)
-    return Tokenizer(path)
+    return Tokenizer(path, table)
   if given:
     Tokenizer(given)  # fail with a clear message before copying anything
     shutil.copyfile(given, path)

@@ -165,8 +165,9 @@ def _tokenizers(wd: Workdir) -> tuple[Tokenizer, Tokenizer]:
   paths = wd.existing_tokenizer_paths()
   if paths is None:
     raise DataError(f'{wd.root} has no SentencePiece model ({wd.tokenizer_paths(True)[0].name})')
-  src = Tokenizer(paths[0])
-  return src, src if paths[1] == paths[0] else Tokenizer(paths[1])
+  table = wd.tokenizer_table()
+  src = Tokenizer(paths[0], table)
+  return src, src if paths[1] == paths[0] else Tokenizer(paths[1], table)
 
 
 def _choose_steps(available: Sequence[int], workdir: pathlib.Path, checkpoint: Optional[int],

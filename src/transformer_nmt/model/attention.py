@@ -201,7 +201,8 @@ def xavier_dense(features: int, cfg: ModelConfig, use_bias: bool, name: str) -> 
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention with W^Q, W^K, W^V, W^O (§3.2.2); no biases, as in tensor2tensor.
+  """Multi-head attention with W^Q, W^K, W^V, W^O (§3.2.2); no biases, as in tensor2tensor
+  (`model.attention_bias=True` adds them, as Marian has).
 
   Each projection is one [D, D] Xavier-uniform matrix, i.e. the paper's per-head W_i
   concatenated along the output axis.
@@ -210,11 +211,11 @@ class MultiHeadAttention(nn.Module):
   cfg: ModelConfig
 
   def setup(self) -> None:
-    d = self.cfg.d_model
-    self.query = xavier_dense(d, self.cfg, False, 'query')
-    self.key = xavier_dense(d, self.cfg, False, 'key')
-    self.value = xavier_dense(d, self.cfg, False, 'value')
-    self.out = xavier_dense(d, self.cfg, False, 'out')
+    d, bias = self.cfg.d_model, self.cfg.attention_bias
+    self.query = xavier_dense(d, self.cfg, bias, 'query')
+    self.key = xavier_dense(d, self.cfg, bias, 'key')
+    self.value = xavier_dense(d, self.cfg, bias, 'value')
+    self.out = xavier_dense(d, self.cfg, bias, 'out')
 
   def _split(self, x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[:-1] + (self.cfg.num_heads, self.cfg.head_dim))  # [B, L, H, Dh]

@@ -22,25 +22,27 @@ def sinusoidal_positions(positions: jax.Array, d_model: int,
   PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
   'concat' is tensor2tensor's get_timing_signal_1d: [sin(pos*w_i) | cos(pos*w_i)] with
   w_i = 10000^(-i/(d/2 - 1)), i < d/2 (a slightly different timescale spacing).
+  'halves' is the paper's rates w_i = 10000^(-2i/d) in the 'concat' layout
+  [sin(pos*w_i) | cos(pos*w_i)]: Hugging Face's Marian models (model.positional_encoding).
 
   Args:
     positions: [..., L] integer positions, starting at 0 for each sequence.
     d_model: even model width D.
-    variant: 'interleaved' or 'concat'.
+    variant: 'interleaved', 'concat' or 'halves'.
 
   Returns:
     [..., L, D] float32 encodings.
   """
   half = d_model // 2
   i = jnp.arange(half, dtype=jnp.float32)
-  if variant == 'interleaved':
+  if variant in ('interleaved', 'halves'):
     inv_timescales = jnp.power(10000.0, -2.0 * i / d_model)
   elif variant == 'concat':
     inv_timescales = jnp.exp(-i * math.log(10000.0) / max(half - 1, 1))
   else:
     raise ValueError(f'unknown positional encoding {variant!r}')
   angles = positions.astype(jnp.float32)[..., None] * inv_timescales  # [..., L, D/2]
-  if variant == 'concat':
+  if variant in ('concat', 'halves'):
     return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   stacked = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., L, D/2, 2]
   return stacked.reshape(angles.shape[:-1] + (d_model,))
@@ -50,6 +52,7 @@ class Embed(nn.Module):
   """Token embedding scaled by sqrt(d_model) (§3.4), usable as the pre-softmax projection.
 
   Initialised normal(0, d_model^-0.5) so that embedding * sqrt(d_model) has unit scale.
+  `model.scale_embeddings=False` leaves out the scaling (for imported models trained so).
   """
 
   vocab_size: int
@@ -71,7 +74,9 @@ class Embed(nn.Module):
       x = jax.vmap(lambda t, i: jnp.take(t, i, axis=0))(table, rows).reshape(ids.shape + (-1,))
     else:
       x = jnp.take(table, ids, axis=0)
-    return (x * math.sqrt(self.cfg.d_model)).astype(self.cfg.dtype)
+    if self.cfg.scale_embeddings:
+      x = x * math.sqrt(self.cfg.d_model)
+    return x.astype(self.cfg.dtype)
 
   def logits(self, x: jax.Array) -> jax.Array:
     """[B, L, D] -> [B, L, V] float32 logits through the transposed embedding (weight tying)."""
@@ -100,14 +105,22 @@ def per_shard(x: jax.Array, shards: int) -> jax.Array:
   return x.reshape((shards, x.shape[0] // shards) + x.shape[1:])
 
 
+ACTIVATION_FNS = {'relu': nn.relu, 'swish': nn.swish,
+                  'gelu': lambda x: nn.gelu(x, approximate=False)}  # model.activation
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), dropout after the ReLU (tensor2tensor)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (eq. 2), dropout after the ReLU (tensor2tensor).
+
+  `model.activation` replaces the ReLU (swish for Marian models).
+  """
 
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """[B, L, D] -> [B, L, D]."""
-    h = nn.relu(xavier_dense(self.cfg.d_ff, self.cfg, True, 'wi')(x))  # [B, L, F]
+    activation = ACTIVATION_FNS[self.cfg.activation]
+    h = activation(xavier_dense(self.cfg.d_ff, self.cfg, True, 'wi')(x))  # [B, L, F]
     h = Dropout(self.cfg.relu_dropout, self.cfg.dropout_bits)(h, deterministic=deterministic)
     return xavier_dense(self.cfg.d_model, self.cfg, True, 'wo')(h)

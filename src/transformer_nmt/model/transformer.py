@@ -172,6 +172,9 @@ class Transformer(nn.Module):
       self.decoder_norm = _layer_norm(cfg)
     if not cfg.tie_output:
       self.output = xavier_dense(cfg.vocab_size, cfg, False, 'output')
+    if cfg.final_logits_bias:  # Marian's; zero at the start, as there
+      self.logits_bias = self.param('final_logits_bias', nn.initializers.zeros_init(),
+                                    (cfg.vocab_size,), jnp.float32)
     self.embed_dropout = Dropout(cfg.embedding_dropout, cfg.dropout_bits)
     # Word dropout: one draw per token zeroes its whole embedding ([B, T, D], broadcast over D).
     # Modules with rate 0 draw nothing, so the other masks stay those of runs without it.
@@ -215,8 +218,12 @@ class Transformer(nn.Module):
     if self.cfg.norm_position == 'pre':
       y = self.decoder_norm(y).astype(y.dtype)
     if self.cfg.tie_output:
-      return self.tgt_embed.logits(y)
-    return self.output(y).astype(jnp.float32 if self.cfg.float32_logits else self.cfg.dtype)
+      logits = self.tgt_embed.logits(y)
+    else:
+      logits = self.output(y).astype(jnp.float32 if self.cfg.float32_logits else self.cfg.dtype)
+    if self.cfg.final_logits_bias:
+      logits = logits + self.logits_bias.astype(logits.dtype)
+    return logits
 
   def __call__(self, src: jax.Array, tgt_in: jax.Array, src_segments: Optional[jax.Array] = None,
                tgt_segments: Optional[jax.Array] = None, src_positions: Optional[jax.Array] = None,

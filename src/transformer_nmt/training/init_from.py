@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from transformer_nmt.checkpoint import Checkpointer, describe
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.files import write_atomically
 from transformer_nmt.model.transformer import init_params
 from transformer_nmt.typed_config import Sections, model_config_from_dict
 from transformer_nmt.workdir import Workdir
@@ -34,6 +35,15 @@ def check_init_from(config: Sections) -> None:
   with _latest_checkpoint(source) as (ckpt, step):
     theirs = _shapes(ckpt.param_shapes(step))
   data = config.data
+  tokenizers = imported_tokenizers(source)
+  if tokenizers is not None and not data.spm_model:
+    joint = tokenizers[0].path == tokenizers[1].path
+    if data.joint_vocab != joint:
+      which = 'one SentencePiece model' if joint else 'source and target SentencePiece models'
+      raise ConfigError(f'train.init_from={source} has {which} with a piece table: set '
+                        f'data.joint_vocab={joint}')
+    _check_shapes(config, source, theirs, *tokenizers)
+    return
   if not (data.joint_vocab and data.spm_model):
     given = Workdir(source).tokenizer_paths(joint=True)[0]
     raise ConfigError(f'train.init_from={source} needs the SentencePiece model that run was '
@@ -43,8 +53,37 @@ def check_init_from(config: Sections) -> None:
   tok = Tokenizer(data.spm_model)
   check_tokenizers(source, {'src': tok.fingerprint, 'tgt': tok.fingerprint},
                    f'data.spm_model={data.spm_model}')
-  model_cfg = model_config_from_dict(config.model, vocab_size=tok.vocab_size,
-                                     src_vocab_size=tok.vocab_size)
+  _check_shapes(config, source, theirs, tok, tok)
+
+
+def imported_tokenizers(source: str) -> Optional[tuple[Tokenizer, Tokenizer]]:
+  """The (source, target) tokenizers of a run whose tokenizers have a piece table (an
+  imported Marian model), or None. A new run with data.spm_model='' takes those
+  (`copy_tokenizers`)."""
+  wd = Workdir(source)
+  table, paths = wd.tokenizer_table(), wd.existing_tokenizer_paths()
+  if table is None or paths is None:
+    return None
+  return Tokenizer(paths[0], table), Tokenizer(paths[1], table)
+
+
+def copy_tokenizers(source: str, workdir: pathlib.Path) -> None:
+  """Copies the SentencePiece models and piece table of `source` (see `imported_tokenizers`)
+  into a new run's `workdir` that has no tokenizers yet; nothing otherwise."""
+  theirs, mine = Workdir(source), Workdir(workdir)
+  paths, table = theirs.existing_tokenizer_paths(), theirs.tokenizer_table()
+  if paths is None or table is None or mine.existing_tokenizer_paths() is not None:
+    return
+  for path in {*paths, table}:
+    write_atomically(mine.root / path.name, path.read_bytes())
+  logging.info('Using the SentencePiece models and piece table of %s (train.init_from)', source)
+
+
+def _check_shapes(config: Sections, source: str, theirs: dict[str, tuple], src_tok: Tokenizer,
+                  tgt_tok: Tokenizer) -> None:
+  """ConfigError unless this run's model (with these tokenizers) has `theirs` shapes."""
+  model_cfg = model_config_from_dict(config.model, vocab_size=tgt_tok.vocab_size,
+                                     src_vocab_size=src_tok.vocab_size)
   mine = _shapes(jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0))))
   differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
   if differ:

@@ -20,6 +20,7 @@ from transformer_nmt.config import EvalConfig, ModelConfig, TrainConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import corpus as corpus_lib
 from transformer_nmt.data.prefetch import Prefetcher
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.data.training_batches import train_batches
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.metrics import MetricWriter, read_metrics
@@ -30,6 +31,7 @@ from transformer_nmt.training.evaluation import EvaluationInterrupted, Evaluator
 from transformer_nmt.training.init_from import (
   check_init_from,
   check_tokenizers,
+  copy_tokenizers,
   has_checkpoint,
   start_from,
 )
@@ -103,7 +105,10 @@ def prepare(config: Sections, workdir: pathlib.Path,
     corpus.train  # a new run reads (so checks) its training text before writing anything
   workdir.mkdir(parents=True, exist_ok=True)
   Workdir(workdir).check_tokenizers()  # before a missing one would be trained anew
+  if starting_from and not config.data.spm_model:  # an imported model's, with its piece table
+    sharding.on_leader(lambda: copy_tokenizers(config.train.init_from, workdir))
   src_tok, tgt_tok = corpus_lib.tokenizers(config.data, corpus, workdir)
+  _check_shared_vocabulary(config.model, src_tok, tgt_tok)
   if starting_from:  # the ones in use: a file the workdir already holds wins over spm_model
     check_tokenizers(config.train.init_from, {'src': src_tok.fingerprint,
                                               'tgt': tgt_tok.fingerprint},
@@ -128,6 +133,17 @@ def prepare(config: Sections, workdir: pathlib.Path,
   return Experiment(model_cfg, splits['train'], splits['valid'], splits.get('test'),
                     corpus.valid[1], corpus.test[1] if corpus.test else None, evaluator,
                     corpus.host_sharded, epochs)
+
+
+def _check_shared_vocabulary(model: Mapping[str, Any], src_tok: Tokenizer,
+                             tgt_tok: Tokenizer) -> None:
+  """model.share_embeddings needs one id space on both sides: one SentencePiece model, or
+  two with one piece table (an imported Marian model's)."""
+  if not model.get('share_embeddings', True) or src_tok.path == tgt_tok.path:
+    return
+  if not (src_tok.table and tgt_tok.table and src_tok.table.path == tgt_tok.table.path):
+    raise ConfigError('data.joint_vocab=False gives source and target their own vocabularies; '
+                      'it needs model.share_embeddings=False')
 
 
 def _check_and_write_config(config: Sections, model_cfg: ModelConfig,

@@ -1,0 +1,85 @@
+"""import_marian.py and a first translation on an OPUS-MT-sized model: d_model 512, 6+6
+layers, 8 heads, d_ff 2048, vocabulary 58101 (about 75M parameters, Helsinki-NLP/opus-mt-en-de's
+shape), built at random with transformers and saved with save_pretrained; nothing is
+downloaded. Prints the wall time of the import and of two decode.py runs of one line (the
+second calls the programs the first stored in WORKDIR/programs).
+
+  python bench/import_marian.py --dir /tmp/opus_bench
+
+Needs torch and transformers (requirements-dev.txt).
+"""
+
+import io
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+_DIR = flags.DEFINE_string('dir', '/tmp/opus_bench', 'Scratch directory (emptied first).')
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VOCAB = 58101
+
+
+def make_checkpoint(out: pathlib.Path) -> int:
+  """A random opus-mt-en-de-shaped Marian directory; returns its parameter count."""
+  import sentencepiece as spm
+  import torch
+  import transformers
+  lines = [f'the {n} cats see {n + 1} dogs in the house number {n * 7}' for n in range(200)]
+  pieces = []
+  for name in ('source.spm', 'target.spm'):
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model,
+                                   vocab_size=200, eos_id=0, unk_id=1, bos_id=-1, pad_id=-1,
+                                   hard_vocab_limit=False, minloglevel=2)
+    (out / name).write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(out / name))
+    pieces += [sp.id_to_piece(i) for i in range(2, sp.get_piece_size())]
+  table = ['</s>', '<unk>'] + sorted(set(pieces))
+  table += [f'▁filler{i}' for i in range(VOCAB - 1 - len(table))] + ['<pad>']
+  (out / 'vocab.json').write_text(json.dumps({p: i for i, p in enumerate(table)}))
+  config = transformers.MarianConfig(
+      vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6,
+      encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+      decoder_ffn_dim=2048, max_position_embeddings=512, pad_token_id=VOCAB - 1,
+      decoder_start_token_id=VOCAB - 1, eos_token_id=0, forced_eos_token_id=0,
+      activation_function='swish', scale_embedding=True)
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config)
+  model.save_pretrained(out)
+  return sum(p.numel() for p in model.parameters())
+
+
+def timed(command: list[str]) -> float:
+  start = time.perf_counter()
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+  seconds = time.perf_counter() - start
+  if result.returncode:
+    sys.exit(f'{command} failed: {result.stderr[-2000:]}')
+  return seconds
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  scratch = pathlib.Path(_DIR.value)
+  shutil.rmtree(scratch, ignore_errors=True)
+  checkpoint, workdir = scratch / 'opus-mt-random', scratch / 'run'
+  checkpoint.mkdir(parents=True)
+  count = make_checkpoint(checkpoint)
+  size = (checkpoint / 'model.safetensors').stat().st_size
+  print(f'checkpoint: {count / 1e6:.1f}M parameters, model.safetensors {size / 2**20:.0f} MiB')
+  print(f'import_marian.py: {timed([sys.executable, "import_marian.py", "--from", str(checkpoint), "--workdir", str(workdir)]):.1f} s')  # noqa: E501
+  source = scratch / 'one.en'
+  source.write_text('the 3 cats see 4 dogs in the house number 21\n')
+  decode = [sys.executable, 'decode.py', '--workdir', str(workdir), '--input', str(source),
+            '--output', str(scratch / 'one.de')]
+  print(f'decode.py, first run (compiles, stores programs): {timed(decode):.1f} s')
+  print(f'decode.py, second run (stored programs): {timed(decode):.1f} s')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,306 @@
+"""import_marian.py and its library (marian.py) against Hugging Face's MarianMTModel.
+
+A tiny random Marian model (2+2 layers, d_model 16, swish, a nonzero final logits bias) is
+built once with transformers and saved with save_pretrained (safetensors), with SentencePiece
+models trained here on a few lines and a vocab.json arranged as Marian's: '</s>' 0, '<unk>' 1,
+'<pad>' last. Nothing is downloaded. Skipped without torch and transformers.
+"""
+
+import io
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+from conftest import ROOT, shared_compile_cache  # noqa: E402
+
+from transformer_nmt.config import DecodeConfig  # noqa: E402
+
+EN = [f'I have {n} cats and {n + 1} dogs .' for n in range(30)] + [
+    'the house is red .', 'a man walks in the park .', 'we see two small birds .']
+DE = [f'Ich habe {n} Katzen und {n + 1} Hunde .' for n in range(30)] + [
+    'das Haus ist rot .', 'ein Mann geht im Park .', 'wir sehen zwei kleine Vögel .']
+MAX_NEW = 30  # tokens generated at most, EOS included
+LINES = ['I have 3 cats and 4 dogs .', 'the house is red .', 'a man walks .',
+         'we see 12 birds in the park and 7 cats .']
+
+
+def _spm(lines: list[str], path: pathlib.Path) -> list[str]:
+  """A tiny SentencePiece model laid out as Marian's (eos '</s>' 0, '<unk>' 1); its pieces."""
+  import sentencepiece as spm
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(lines), model_writer=model, vocab_size=40, model_type='unigram',
+      eos_id=0, unk_id=1, bos_id=-1, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+  path.write_bytes(model.getvalue())
+  sp = spm.SentencePieceProcessor(model_file=str(path))
+  return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+@pytest.fixture(scope='module')
+def marian_dir(tmp_path_factory) -> pathlib.Path:
+  """A Marian checkpoint directory: config.json, model.safetensors, source/target.spm,
+  vocab.json."""
+  out = tmp_path_factory.mktemp('marian') / 'opus-mt-tiny'
+  out.mkdir()
+  src, tgt = _spm(EN, out / 'source.spm'), _spm(DE, out / 'target.spm')
+  pieces = ['</s>', '<unk>'] + sorted(set(src + tgt) - {'</s>', '<unk>'}) + ['<pad>']
+  (out / 'vocab.json').write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
+  vocab = len(pieces)
+  torch.manual_seed(0)
+  config = transformers.MarianConfig(
+      vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
+      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+      decoder_ffn_dim=32, max_position_embeddings=128, pad_token_id=vocab - 1,
+      decoder_start_token_id=vocab - 1, eos_token_id=0, forced_eos_token_id=0,
+      activation_function='swish', scale_embedding=True)
+  model = transformers.MarianMTModel(config)
+  _fit(model, out, pieces)  # a random model repeats one token to the length limit
+  with torch.no_grad():  # every part of the model shows in the outputs
+    model.final_logits_bias.normal_(0.0, 0.1)
+  model.save_pretrained(out)
+  assert (out / 'model.safetensors').exists()
+  return out
+
+
+def _fit(model, directory: pathlib.Path, pieces: list[str], steps: int = 60) -> None:
+  """A few Adam steps of `model` on EN -> DE (seconds), so that its outputs end."""
+  import sentencepiece as spm
+  index = {p: i for i, p in enumerate(pieces)}
+  pad = len(pieces) - 1
+
+  def ids(name: str, lines: list[str], fill: int):
+    sp = spm.SentencePieceProcessor(model_file=str(directory / name))
+    rows = [[index.get(p, 1) for p in sp.encode(line, out_type=str)] + [0] for line in lines]
+    return torch.tensor(_padded([np.array(r) for r in rows], fill)[0])
+
+  src, labels = ids('source.spm', EN, pad), ids('target.spm', DE, -100)
+  optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+  model.train()
+  for _ in range(steps):
+    loss = model(input_ids=src, attention_mask=(src != pad).long(), labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+  model.eval()
+
+
+@pytest.fixture(scope='module')
+def hf_model(marian_dir):
+  return transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+
+
+@pytest.fixture(scope='module')
+def workdir(marian_dir, tmp_path_factory) -> pathlib.Path:
+  from transformer_nmt.marian import import_checkpoint
+  out = tmp_path_factory.mktemp('imported') / 'run'
+  import_checkpoint(marian_dir, out)
+  return out
+
+
+@pytest.fixture(scope='module')
+def loaded(workdir):
+  from transformer_nmt.inference import load_workdir
+  return load_workdir(workdir)
+
+
+def _source_rows(loaded) -> list[np.ndarray]:
+  tok = loaded.src_tok
+  return [np.array(ids + [tok.eos_id], np.int32) for ids in tok.encode(LINES)]
+
+
+def _padded(rows: list[np.ndarray], pad: int) -> tuple[np.ndarray, np.ndarray]:
+  """[B, L] ids padded with `pad`, and [B, L] 1/0 for real tokens."""
+  width = max(len(r) for r in rows)
+  ids = np.full((len(rows), width), pad, np.int64)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)] = r
+  return ids, (np.arange(width) < np.array([len(r) for r in rows])[:, None]).astype(np.int64)
+
+
+def test_the_workdir_has_the_marian_options_and_piece_table(workdir, loaded):
+  cfg = loaded.cfg
+  assert (cfg.activation, cfg.attention_bias, cfg.final_logits_bias, cfg.positional_encoding,
+          cfg.scale_embeddings, cfg.layer_norm_epsilon) == ('swish', True, True, 'halves',
+                                                             True, 1e-5)
+  table = json.loads((workdir / 'vocab.json').read_text())
+  tok = loaded.tgt_tok
+  assert (tok.eos_id, tok.unk_id, tok.pad_id, tok.bos_id) == (0, 1, len(table) - 1,
+                                                              len(table) - 1)
+  assert tok.vocab_size == cfg.vocab_size == len(table)
+  import sentencepiece as spm
+  pieces = spm.SentencePieceProcessor(model_file=str(workdir / 'spm.tgt.model')).encode(
+      'Ich habe 3 Katzen .', out_type=str)
+  ids = tok.encode(['Ich habe 3 Katzen .'])[0]
+  assert ids == [table[p] for p in pieces] and tok.pieces(ids) == pieces
+  assert tok.decode([ids + [tok.eos_id, 5]]) == ['Ich habe 3 Katzen .']
+
+
+def test_logits_match_transformers_on_a_padded_batch(loaded, hf_model):
+  from transformer_nmt.model.transformer import Transformer
+  pad = loaded.tgt_tok.pad_id
+  src, src_mask = _padded(_source_rows(loaded), pad)
+  targets = [np.array(ids + [0]) for ids in loaded.tgt_tok.encode(
+      ['Ich habe 3 Katzen', 'das Haus', 'ein Mann geht im Park und wir sehen Vögel'])]
+  targets.append(targets[0])
+  tgt_in, tgt_mask = _padded([np.concatenate([[pad], t[:-1]]) for t in targets], pad)
+  with torch.no_grad():
+    theirs = hf_model(input_ids=torch.tensor(src), attention_mask=torch.tensor(src_mask),
+                      decoder_input_ids=torch.tensor(tgt_in),
+                      decoder_attention_mask=torch.tensor(tgt_mask)).logits.numpy()
+  ours = np.asarray(Transformer(loaded.cfg).apply(
+      {'params': loaded.params}, src.astype(np.int32), tgt_in.astype(np.int32),
+      src_mask.astype(np.int32), tgt_mask.astype(np.int32)))
+  real = tgt_mask.astype(bool)
+  assert ours.shape == theirs.shape
+  np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, rtol=1e-4)
+  assert np.ptp(theirs[real].argmax(-1)) > 0  # not a constant model
+
+
+def _hf_generate(hf_model, rows: list[np.ndarray], pad: int, **settings) -> list[list[int]]:
+  src, mask = _padded(rows, pad)
+  with torch.no_grad():
+    out = hf_model.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(mask),
+                            max_new_tokens=MAX_NEW, do_sample=False, **settings).numpy()
+  return [[int(i) for i in row[1:] if i != pad and i != 0] for row in out]
+
+
+# Hugging Face's beam search divides a hypothesis's log-probability by length^length_penalty,
+# ours by GNMT's ((5 + length) / 6)^alpha: with length_penalty 0 and alpha 0 both rank by the
+# log-probability alone, and early_stopping=False stops, as decode.beam_stop='bound' does,
+# once no live beam can beat the finished ones.
+@pytest.mark.parametrize('beam', [1, 4])
+def test_search_outputs_match_transformers_generate(loaded, hf_model, beam):
+  from transformer_nmt.inference.engine import Engine
+  rows = _source_rows(loaded)
+  # Both stop at MAX_NEW tokens, the last an EOS (transformers: forced_eos_token_id).
+  engine = Engine(loaded, DecodeConfig(beam_size=beam, alpha=0.0, max_extra_len=MAX_NEW,
+                                       max_len=MAX_NEW - 1))
+  ours = [r.tolist() for r in engine.translate_ids(rows)]
+  theirs = _hf_generate(hf_model, rows, loaded.tgt_tok.pad_id, num_beams=beam,
+                        length_penalty=0.0, early_stopping=False)
+  assert ours == theirs
+  assert len({len(o) for o in ours}) > 1  # outputs of several lengths
+
+
+def test_ctranslate2_export_of_the_workdir_translates_alike(workdir, loaded, hf_model, tmp_path):
+  ctranslate2 = pytest.importorskip('ctranslate2')
+  out = tmp_path / 'ct2'
+  result = subprocess.run([sys.executable, 'export_ctranslate2.py', '--workdir', str(workdir),
+                           '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  translator = ctranslate2.Translator(str(out))
+  tok = loaded.src_tok
+  sources = [tok.pieces(r.tolist()) for r in _source_rows(loaded)]
+  pad = loaded.tgt_tok.pad_id
+  for beam in (1, 4):
+    found = translator.translate_batch(sources, beam_size=beam, length_penalty=0.0,
+                                       max_decoding_length=MAX_NEW - 1)  # EOS not counted
+    ct2 = [[loaded.tgt_tok.table.index[p] for p in r.hypotheses[0]] for r in found]
+    assert ct2 == _hf_generate(hf_model, _source_rows(loaded), pad, num_beams=beam,
+                               length_penalty=0.0, early_stopping=False)
+
+
+def _import(source: pathlib.Path, workdir: pathlib.Path) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'import_marian.py', '--from', str(source),
+                         '--workdir', str(workdir)], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+
+
+def _damage(directory: pathlib.Path, case: str) -> str:
+  """Damages a copy of the checkpoint; returns what the error must say."""
+  if case == 'truncated':
+    data = (directory / 'model.safetensors').read_bytes()
+    (directory / 'model.safetensors').write_bytes(data[:len(data) // 2])
+    return 'model.safetensors is damaged or truncated'
+  if case == 'no_spm':
+    (directory / 'target.spm').unlink()
+    return 'has no target.spm'
+  if case == 'vocab':
+    table = json.loads((directory / 'vocab.json').read_text())
+    last = len(table) - 2  # the last piece before '<pad>' goes: one piece fewer than
+    table = {p: i for p, i in table.items() if i != last}  # config.json's vocab_size
+    table['<pad>'] = last
+    (directory / 'vocab.json').write_text(json.dumps(table))
+    return 'vocab.json does not match config.json'
+  config = json.loads((directory / 'config.json').read_text())
+  config['model_type'] = 'bart'
+  (directory / 'config.json').write_text(json.dumps(config))
+  return "model_type 'bart' is not a Marian model"
+
+
+@pytest.mark.parametrize('case', ['truncated', 'no_spm', 'vocab', 'model_type'])
+def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(marian_dir, tmp_path, case):
+  broken = tmp_path / 'broken'
+  shutil.copytree(marian_dir, broken)
+  message = _damage(broken, case)
+  workdir = tmp_path / 'out' / 'run'
+  result = _import(broken, workdir)
+  assert result.returncode == 2, result.stderr[-2000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+  assert not workdir.exists()
+  assert not any((tmp_path / 'out').iterdir()) if (tmp_path / 'out').exists() else True
+
+
+def test_unsupported_variants_are_refused_by_name():
+  from transformer_nmt.marian import MarianError, model_config
+  base = dict(model_type='marian', vocab_size=10, d_model=8, encoder_layers=1,
+              decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+              encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=9,
+              decoder_start_token_id=9, activation_function='swish')
+  assert model_config(base).activation == 'swish'
+  for change, says in (({'normalize_before': True}, 'normalize_before=True'),
+                       ({'normalize_embedding': True}, 'normalize_embedding=True'),
+                       ({'activation_function': 'gelu_new'}, "activation_function='gelu_new'"),
+                       ({'decoder_vocab_size': 12}, 'decoder_vocab_size=12'),
+                       ({'share_encoder_decoder_embeddings': False},
+                        'share_encoder_decoder_embeddings=False'),
+                       ({'decoder_ffn_dim': 32}, 'encoder_ffn_dim=16 differs')):
+    with pytest.raises(MarianError, match=says.replace('(', r'\(').replace(')', r'\)')):
+      model_config({**base, **change})
+
+
+@pytest.mark.slow
+def test_train_py_fine_tunes_the_imported_model_with_its_tokenizers(workdir, parallel_files,
+                                                                    tmp_path):
+  """configs/finetune.py:W takes W's model options and tokenizers (copied, piece table and
+  all); a few steps at a small learning rate move its parameters a little from W's (a
+  fresh start would be far from them)."""
+  from transformer_nmt.checkpoint import Checkpointer
+  src, tgt = parallel_files
+  tuned = tmp_path / 'tuned'
+  result = subprocess.run(
+      [sys.executable, 'train.py', '--config', f'configs/finetune.py:{workdir}', '--workdir',
+       str(tuned), f'--config.data.train_src={src}', f'--config.data.train_tgt={tgt}',
+       f'--config.data.valid_src={src}', f'--config.data.valid_tgt={tgt}',
+       '--config.train.num_steps=3', '--config.train.warmup_steps=1',
+       '--config.train.cooldown_steps=0', '--config.train.learning_rate_multiplier=0.01',
+       '--config.train.eval_every=3', '--config.train.checkpoint_every=3',
+       '--config.eval.bleu_sentences=4', '--config.data.tokens_per_batch=512'],
+      cwd=ROOT, env=shared_compile_cache(), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  for name in ('spm.src.model', 'spm.tgt.model', 'vocab.json'):
+    assert (tuned / name).read_bytes() == (workdir / name).read_bytes()
+  assert 'Starting from the weights of' in result.stderr
+
+  def params(run: pathlib.Path, step: int):
+    ckpt = Checkpointer(run / 'checkpoints', read_only=True)
+    try:
+      return ckpt.restore_params(step)
+    finally:
+      ckpt.close()
+
+  before, after = params(workdir, 0), params(tuned, 3)
+  assert after['final_logits_bias'].shape == before['final_logits_bias'].shape
+  moved = np.abs(after['encoder_layers_0']['ffn']['wi']['kernel']
+                 - before['encoder_layers_0']['ffn']['wi']['kernel']).max()
+  assert 0 < moved < 0.05
