@@ -21,7 +21,7 @@ import signal
 from absl import app, flags
 
 from transformer_nmt.cli import flag_parser, main_running
-from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS
+from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH
 from transformer_nmt.inference import options
 
 options.define_model_flags()
@@ -47,11 +47,13 @@ flags.DEFINE_integer('max_queue_sentences', 4096, 'Sentences that may wait for a
                      'get 503 with Retry-After.', lower_bound=1)
 flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests must send as '
                     '"Authorization: Bearer KEY" (all but /health).')
-flags.DEFINE_integer('precompile_rows', PRECOMPILE_ROWS, 'Before /health says ready: the '
-                     'programs (translation, and scoring for scores, n-best and alignments) '
-                     'of batches of up to this many sentences ...', lower_bound=0)
+flags.DEFINE_integer('precompile_rows', None, 'Before /health says ready: the programs '
+                     '(translation, and scoring for scores, n-best and alignments) of batches '
+                     'of up to this many sentences (default: as many as --batch_tokens holds, '
+                     'every batch the server can form) ...', lower_bound=0)
 flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up to this many source '
-                     'subwords are compiled or loaded.', lower_bound=1)
+                     'subwords are compiled or loaded (longer sentences compile their programs '
+                     'the first time).', lower_bound=1)
 
 
 def run() -> None:
@@ -81,7 +83,8 @@ def run() -> None:
   m.limit_heaps()
   engine = Engine(m.load(overrides), n_best=f.n_best, programs=m.program_dir(),
                   concurrent_batches=m.concurrent_batches)
-  warm = lambda: engine.precompile(f.precompile_rows, f.precompile_length, scoring=True)
+  rows = engine.decode.tokens_per_batch if f.precompile_rows is None else f.precompile_rows
+  warm = lambda: engine.precompile(rows, f.precompile_length, scoring=True)
   server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms,
                     mix_requests=f.batch_across_requests, warm=warm)
   print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '

@@ -67,6 +67,7 @@ class Phase:
   sentences: int = 0
   failures: dict = dataclasses.field(default_factory=dict)  # status or exception -> count
   mismatches: Optional[int] = None  # translations other than --reference's line
+  differing: dict = dataclasses.field(default_factory=dict)  # line index -> an answer
   latencies: list = dataclasses.field(default_factory=list)
   rss_start: int = 0
   rss_peak: int = 0
@@ -149,8 +150,10 @@ def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], 
         phase.latencies.append(took)
         texts = [t['text'] for t in json.loads(answer)['translations']]
         phase.sentences += len(texts)
-        if reference is not None:
-          phase.mismatches += sum(a != b for a, b in zip(texts, reference[first:first + n]))
+        for i, text in enumerate(texts if reference is not None else []):
+          if text != reference[first + i]:
+            phase.mismatches += 1
+            phase.differing[first + i] = text
     conn.close()
 
   t0 = time.monotonic()
@@ -219,6 +222,29 @@ def serve_and_load(server: str, lines: list[str], reference: Optional[list[str]]
   return notes, phases
 
 
+def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -> list[str]:
+  """Why our answers differ from decode.py's: each such line's two translations scored by the
+  engine (the same model and settings, forced decoding), and whether the engine translating
+  the line alone gives the server's answer."""
+  if not differing:
+    return []
+  from transformer_nmt.inference.engine import Engine
+  from transformer_nmt.inference.loading import load_workdir
+  from transformer_nmt.inference.options import with_overrides
+  model = load_workdir(_WORKDIR.value)
+  engine = Engine(model, with_overrides(model.decode, {'beam_size': _BEAM.value}))
+  index = sorted(differing)
+  sources = [lines[i] for i in index]
+  ours = engine.score(sources, [differing[i] for i in index])
+  theirs = engine.score(sources, [reference[i] for i in index])
+  gaps = sorted(abs(a.score - b.score) for (_, a), (_, b) in zip(ours, theirs))
+  alone = sum(engine.translate([lines[i]])[0] == differing[i] for i in index)
+  return [f'{len(index)} distinct lines answered otherwise than decode.py: the two '
+          f'translations\' scores (logprob / length penalty) differ by {gaps[len(gaps) // 2]:.2g}'
+          f' (median) and at most {gaps[-1]:.2g}; translated alone by the engine, {alone} of '
+          'them give the server\'s answer (the batch a line shares decides its rounding)']
+
+
 def main(argv):
   del argv
   lines = pathlib.Path(_INPUT.value).read_text(encoding='utf-8').splitlines()
@@ -228,14 +254,19 @@ def main(argv):
     if len(reference) != len(lines):
       raise app.UsageError(f'--reference has {len(reference)} lines, --input {len(lines)}')
   print(HEADER, flush=True)
-  rows, notes, throughput = [], [], {}
+  rows, notes, throughput, found = [], [], {}, {}
   for server in _SERVERS.value:
     said, phases = serve_and_load(server, lines, reference)
     notes += said
+    found[server] = phases
     rows += [p.row(server) for p in phases]
     for p in phases:
       throughput[(server, p.name)] = (p.sentences / p.seconds,
                                       statistics.median(p.latencies) if p.latencies else None)
+  if reference is not None:
+    differing = {i: a for server, phases in found.items() if server != 'ctranslate2'
+                 for p in phases for i, a in p.differing.items()}
+    notes += explain(lines, reference, differing)
   ratios = []
   top = f'{_CLIENTS.value[-1]} clients, 1-16 sentences'
   for a, b in (('ours', 'ctranslate2'), ('ours', 'ours_unbatched')):

@@ -17,7 +17,6 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
-import jax
 import numpy as np
 import prometheus_client as prom
 import pydantic
@@ -25,59 +24,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from transformer_nmt.inference.api import (
+  RETRY_AFTER_S,
+  ApiError,
+  Limits,
+  ScoreRequest,
+  TranslateRequest,
+  body_schema,
+  one_line,
+)
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.page import PAGE
 from transformer_nmt.inference.scheduler import DeadlineExceeded, QueueFull, Scheduler
-
-RETRY_AFTER_S = 1  # what a 503 (queue full, warming up) tells the client to wait
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-  """What one request may ask; each breach is a 4xx JSON error naming the limit."""
-
-  max_chars: int = 2000  # per sentence (characters)
-  max_sentences: int = 256  # per request
-  max_body_bytes: int = 1 << 20  # 413 above
-  timeout_s: float = 60.0  # a request not answered by then gets 504 and its work is dropped
-  max_queue_sentences: int = 4096  # sentences waiting for a batch: 503 + Retry-After above
-
-  def check(self) -> None:
-    for name, value in dataclasses.asdict(self).items():
-      if value <= 0:
-        raise ValueError(f'{name}={value} must be positive')
-    if self.max_sentences > self.max_queue_sentences:
-      raise ValueError(f'max_sentences={self.max_sentences} must not exceed '
-                       f'max_queue_sentences={self.max_queue_sentences}: such a request would '
-                       'never fit the queue')
-
-
-class TranslateRequest(pydantic.BaseModel):
-  model_config = pydantic.ConfigDict(extra='forbid', strict=True)
-  text: list[str] = pydantic.Field(min_length=1)
-  # one target text per sentence that its translation must start with ('' for none)
-  prefix: Optional[list[str]] = None
-  n_best: int = pydantic.Field(1, ge=1)
-  return_scores: bool = False
-  return_alignment: bool = False
-  # one JSON line per sentence as it finishes ({"index": i, ...}), then {"model": ...}
-  stream: bool = False
-  return_attention: bool = False  # per hypothesis [tokens][source_tokens]: larger answers
-
-
-class ScoreRequest(pydantic.BaseModel):
-  model_config = pydantic.ConfigDict(extra='forbid', strict=True)
-  source: list[str] = pydantic.Field(min_length=1)
-  target: list[str] = pydantic.Field(min_length=1)
-
-
-class ApiError(Exception):
-  """An answer other than 200: status, one-line message, error kind (metrics), headers."""
-
-  def __init__(self, status: int, message: str, kind: str,
-               headers: Optional[dict[str, str]] = None):
-    super().__init__(message)
-    self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+from transformer_nmt.inference.server_metrics import Metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,50 +49,6 @@ class _Item:
   prefix: str = ''  # the translation's required start
 
 
-class _Metrics:
-  def __init__(self, scheduler: Callable[[], Scheduler], engine: Engine):
-    self.registry = r = prom.CollectorRegistry()
-    self.requests = prom.Counter('nmt_requests', 'Requests by endpoint and status',
-                                 ['endpoint', 'status'], registry=r)
-    self.errors = prom.Counter('nmt_errors', 'Failed requests by kind', ['kind'], registry=r)
-    self.latency = prom.Histogram('nmt_request_seconds', 'Request latency', ['endpoint'],
-                                  registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5,
-                                                       5, 10, 30, 60))
-    self.batch_fill = prom.Histogram('nmt_batch_fill', 'Source tokens of a batch / its budget',
-                                     registry=r, buckets=(.1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
-    self.batches = prom.Counter('nmt_batches', 'Batches run', registry=r)
-    self.sentences = prom.Counter('nmt_sentences', 'Sentences run (translated or scored)',
-                                  registry=r)
-    self.target_tokens = prom.Counter('nmt_target_tokens', 'Target subwords translated',
-                                      registry=r)
-    self.batch_seconds = prom.Counter('nmt_batch_seconds', 'Time spent running batches (tokens/s'
-                                      ' = rate(nmt_target_tokens) / rate(nmt_batch_seconds))',
-                                      registry=r)
-    queue = prom.Gauge('nmt_queue_sentences', 'Sentences waiting for a batch', registry=r)
-    queue.set_function(lambda: scheduler().queue_depth)
-    loaded = prom.Gauge('nmt_programs_loaded', 'Stored programs loaded', registry=r)
-    loaded.set_function(lambda: 0 if engine.store is None else engine.store.loaded)
-    compiled = prom.Gauge('nmt_programs_compiled', 'XLA programs compiled by this process '
-                          '(flat once warm: a rise means a request waited for a compile)',
-                          registry=r)
-    compiled.set_function(lambda: _compiles.count)
-
-
-class _Compiles:
-  """Counts the process's XLA compilations (JAX reports each backend compile's duration)."""
-
-  def __init__(self):
-    self.count = 0
-    jax.monitoring.register_event_duration_secs_listener(self._heard)
-
-  def _heard(self, event: str, seconds: float, **_: Any) -> None:
-    if event == '/jax/core/compile/backend_compile_duration':
-      self.count += 1
-
-
-_compiles = _Compiles()
-
-
 class _Service:
   """What the endpoints share: the engine behind its scheduler, the limits, the metrics, the
   API key and whether warm-up has finished."""
@@ -143,7 +58,7 @@ class _Service:
     self.engine, self.limits, self.api_key = engine, limits, api_key
     self.model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
                        'settings': dataclasses.asdict(engine.decode)}
-    self.metrics = _Metrics(lambda: self.scheduler, engine)
+    self.metrics = Metrics(lambda: self.scheduler, engine)
     self.budget = tokens_per_batch or engine.decode.tokens_per_batch
     self.scheduler = Scheduler(self.run_batch, tokens_per_batch=self.budget,
                                count_tokens=lambda item: item.tokens, max_wait_ms=max_wait_ms,
@@ -324,7 +239,7 @@ class _Service:
     try:
       return model.model_validate(data)
     except pydantic.ValidationError as e:
-      raise ApiError(422, _one_line(e), 'invalid') from None
+      raise ApiError(422, one_line(e), 'invalid') from None
 
   def checked(self, lines: list[str], field: str) -> None:
     limits = self.limits
@@ -424,8 +339,9 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan)
   app.state.scheduler, app.state.metrics = service.scheduler, service.metrics
   app.state.ready = service.ready
-  routes = [('post', '/v1/translate', 'translate', service.translate, _body(TranslateRequest)),
-            ('post', '/v1/score', 'score', service.score, _body(ScoreRequest)),
+  routes = [('post', '/v1/translate', 'translate', service.translate,
+             body_schema(TranslateRequest)),
+            ('post', '/v1/score', 'score', service.score, body_schema(ScoreRequest)),
             ('get', '/health', 'health', service.health, None),
             ('get', '/metrics', 'metrics', service.metrics_text, None),
             ('get', '/', 'page', service.page, None)]
@@ -439,7 +355,7 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
 
   @app.exception_handler(RequestValidationError)
   async def invalid(_: fastapi.Request, e: RequestValidationError) -> Response:
-    return service.error_response(ApiError(422, _one_line(e), 'invalid'))
+    return service.error_response(ApiError(422, one_line(e), 'invalid'))
 
   return app
 
@@ -471,17 +387,3 @@ def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
   if alignment or attention:
     answer['source_tokens'] = source
   return answer
-
-
-def _one_line(e: pydantic.ValidationError | RequestValidationError) -> str:
-  """The first validation error as 'where: what' (where: the field's path)."""
-  first = e.errors()[0]
-  where = '.'.join(str(part) for part in first.get('loc', ()) if part != 'body') or 'body'
-  more = f' (and {len(e.errors()) - 1} more)' if len(e.errors()) > 1 else ''
-  return f'{where}: {first.get("msg", "invalid")}{more}'
-
-
-def _body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
-  """The OpenAPI description of a body the endpoint reads itself (to bound its size)."""
-  return {'requestBody': {'required': True, 'content': {
-      'application/json': {'schema': model.model_json_schema()}}}}

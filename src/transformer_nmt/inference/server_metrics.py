@@ -1,0 +1,58 @@
+"""serve.py's Prometheus metrics: requests, errors by kind, latency, the scheduler's queue
+and batches, tokens, and the programs loaded from the store or compiled by XLA."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import prometheus_client as prom
+
+from transformer_nmt.inference.engine import Engine
+from transformer_nmt.inference.scheduler import Scheduler
+
+
+class Metrics:
+  """The server's counters, histograms and gauges, in a registry of their own (one per app)."""
+
+  def __init__(self, scheduler: Callable[[], Scheduler], engine: Engine):
+    self.registry = r = prom.CollectorRegistry()
+    self.requests = prom.Counter('nmt_requests', 'Requests by endpoint and status',
+                                 ['endpoint', 'status'], registry=r)
+    self.errors = prom.Counter('nmt_errors', 'Failed requests by kind', ['kind'], registry=r)
+    self.latency = prom.Histogram('nmt_request_seconds', 'Request latency', ['endpoint'],
+                                  registry=r, buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5,
+                                                       5, 10, 30, 60))
+    self.batch_fill = prom.Histogram('nmt_batch_fill', 'Source tokens of a batch / its budget',
+                                     registry=r, buckets=(.1, .2, .3, .4, .5, .6, .7, .8, .9, 1))
+    self.batches = prom.Counter('nmt_batches', 'Batches run', registry=r)
+    self.sentences = prom.Counter('nmt_sentences', 'Sentences run (translated or scored)',
+                                  registry=r)
+    self.target_tokens = prom.Counter('nmt_target_tokens', 'Target subwords translated',
+                                      registry=r)
+    self.batch_seconds = prom.Counter('nmt_batch_seconds', 'Time spent running batches (tokens/s'
+                                      ' = rate(nmt_target_tokens) / rate(nmt_batch_seconds))',
+                                      registry=r)
+    queue = prom.Gauge('nmt_queue_sentences', 'Sentences waiting for a batch', registry=r)
+    queue.set_function(lambda: scheduler().queue_depth)
+    loaded = prom.Gauge('nmt_programs_loaded', 'Stored programs loaded', registry=r)
+    loaded.set_function(lambda: 0 if engine.store is None else engine.store.loaded)
+    compiled = prom.Gauge('nmt_programs_compiled', 'XLA programs compiled by this process '
+                          '(flat once warm: a rise means a request waited for a compile)',
+                          registry=r)
+    compiled.set_function(lambda: _compiles.count)
+
+
+class _Compiles:
+  """Counts the process's XLA compilations (JAX reports each backend compile's duration)."""
+
+  def __init__(self):
+    self.count = 0
+    jax.monitoring.register_event_duration_secs_listener(self._heard)
+
+  def _heard(self, event: str, seconds: float, **_: Any) -> None:
+    if event == '/jax/core/compile/backend_compile_duration':
+      self.count += 1
+
+
+_compiles = _Compiles()
