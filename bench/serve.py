@@ -42,10 +42,10 @@ _REFERENCE = flags.DEFINE_string('reference', None, "decode.py's output for --in
 _SERVERS = flags.DEFINE_list('servers', ['ours', 'ctranslate2', 'ours_unbatched'],
                              'Servers to load, in turn: ours (serve.py), ctranslate2 (the '
                              'same server code on CTranslate2), ours_unbatched '
-                             '(serve.py --nobatch_across_requests).')
+                             '(serve.py --nobatch_across_requests), ctranslate2_unbatched.')
 _CLIENTS = flags.DEFINE_list('clients', ['1', '8', '64'], 'Concurrent clients per phase.')
 _UNBATCHED_CLIENTS = flags.DEFINE_list('unbatched_clients', ['64'],
-                                       'Client counts for ours_unbatched.')
+                                       'Client counts for the *_unbatched servers.')
 _SECONDS = flags.DEFINE_float('seconds', 30, 'Length of each phase.')
 _MAX_REQUESTS = flags.DEFINE_integer('max_requests', 100_000, 'Most requests of a phase.')
 _SOAK = flags.DEFINE_float('soak_seconds', 0, 'Then this long a phase of 64 clients on ours.')
@@ -72,6 +72,7 @@ class Phase:
   rss_start: int = 0
   rss_peak: int = 0
   rss_end: int = 0
+  rss_windows: tuple = ()  # peak RSS of the first and the last minute of a long phase
   fill: float = 0.0
   compiled: float = 0.0
 
@@ -156,16 +157,20 @@ def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], 
             phase.differing[first + i] = text
     conn.close()
 
-  t0 = time.monotonic()
+  t0, samples = time.monotonic(), []
   with concurrent.futures.ThreadPoolExecutor(clients) as pool:
     running = [pool.submit(client, k) for k in range(clients)]
     while not all(f.done() for f in running):
-      phase.rss_peak = max(phase.rss_peak, rss(pid))
+      samples.append((time.monotonic() - t0, rss(pid)))
+      phase.rss_peak = max(phase.rss_peak, samples[-1][1])
       time.sleep(0.2)
     for f in running:
       f.result()
   phase.seconds = time.monotonic() - t0
   phase.rss_end = rss(pid)
+  if phase.seconds >= 180:  # a leak shows as a higher peak at the end than at the start
+    phase.rss_windows = (max(r for t, r in samples if t < 60),
+                         max(r for t, r in samples if t > phase.seconds - 60))
   after = metrics(port)
   batches = after['nmt_batch_fill_count'] - before['nmt_batch_fill_count']
   phase.fill = (after['nmt_batch_fill_sum'] - before['nmt_batch_fill_sum']) / max(batches, 1)
@@ -178,8 +183,10 @@ def start(server: str, port: int) -> tuple[subprocess.Popen, float]:
   common = ['--workdir', _WORKDIR.value, '--port', str(port), '--beam_size', str(_BEAM.value),
             '--max_wait_ms', str(_MAX_WAIT.value)]
   ours = ['serve.py'] + shlex.split(_OURS_FLAGS.value)
+  ct2 = ['bench/serve_ctranslate2.py']
   program = {'ours': ours, 'ours_unbatched': ours + ['--nobatch_across_requests'],
-             'ctranslate2': ['bench/serve_ctranslate2.py']}[server]
+             'ctranslate2': ct2,
+             'ctranslate2_unbatched': ct2 + ['--nobatch_across_requests']}[server]
   t0 = time.monotonic()
   process = subprocess.Popen([sys.executable] + program + common, cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -207,9 +214,9 @@ def serve_and_load(server: str, lines: list[str], reference: Optional[list[str]]
   process, ready = start(server, port)
   notes, phases = [f'{server}: ready {ready:.1f} s after start, RSS {rss(process.pid) / 2**20:.0f}'
                    ' MiB'], []
-  counts = _UNBATCHED_CLIENTS.value if server == 'ours_unbatched' else _CLIENTS.value
-  plan = ([('1 client, 1 sentence', 1, (1, 1), _SECONDS.value)] if server != 'ours_unbatched'
-          else [])
+  unbatched = server.endswith('_unbatched')
+  counts = _UNBATCHED_CLIENTS.value if unbatched else _CLIENTS.value
+  plan = [] if unbatched else [('1 client, 1 sentence', 1, (1, 1), _SECONDS.value)]
   plan += [(f'{c} clients, 1-16 sentences', int(c), (1, 16), _SECONDS.value) for c in counts]
   if server == 'ours' and _SOAK.value > 0:
     plan.append((f'soak: 64 clients, {_SOAK.value:.0f} s', 64, (1, 16), _SOAK.value))
@@ -219,6 +226,11 @@ def serve_and_load(server: str, lines: list[str], reference: Optional[list[str]]
   process.send_signal(signal.SIGTERM)
   code = process.wait(120)
   notes.append(f'{server}: exit code {code} after SIGTERM')
+  for p in phases:
+    if p.rss_windows:
+      first, last = p.rss_windows
+      notes.append(f'{server}, {p.name}: peak RSS {first / 2**20:.0f} MiB in the first minute, '
+                   f'{last / 2**20:.0f} MiB in the last ({100 * (last / first - 1):+.1f}%)')
   return notes, phases
 
 
@@ -242,7 +254,7 @@ def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -
   return [f'{len(index)} distinct lines answered otherwise than decode.py: the two '
           f'translations\' scores (logprob / length penalty) differ by {gaps[len(gaps) // 2]:.2g}'
           f' (median) and at most {gaps[-1]:.2g}; translated alone by the engine, {alone} of '
-          'them give the server\'s answer (the batch a line shares decides its rounding)']
+          'them give the server\'s answer']
 
 
 def main(argv):
@@ -269,7 +281,8 @@ def main(argv):
     notes += explain(lines, reference, differing)
   ratios = []
   top = f'{_CLIENTS.value[-1]} clients, 1-16 sentences'
-  for a, b in (('ours', 'ctranslate2'), ('ours', 'ours_unbatched')):
+  for a, b in (('ours', 'ctranslate2'), ('ours', 'ours_unbatched'),
+               ('ctranslate2', 'ctranslate2_unbatched')):
     if (a, top) in throughput and (b, top) in throughput:
       ratios.append(f'{top}: {a} / {b} sentences/s = '
                     f'{throughput[(a, top)][0] / throughput[(b, top)][0]:.2f}x')
