@@ -276,7 +276,7 @@ def main(argv):
       throughput[(server, p.name)] = (p.sentences / p.seconds,
                                       statistics.median(p.latencies) if p.latencies else None)
   if reference is not None:
-    differing = {i: a for server, phases in found.items() if server != 'ctranslate2'
+    differing = {i: a for server, phases in found.items() if server.startswith('ours')
                  for p in phases for i, a in p.differing.items()}
     notes += explain(lines, reference, differing)
   ratios = []
