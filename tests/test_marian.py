@@ -190,6 +190,27 @@ def test_search_outputs_match_transformers_generate(loaded, hf_model, beam):
   assert len({len(o) for o in ours}) > 1  # outputs of several lengths
 
 
+def test_the_engine_n_best_scores_and_the_server_work_on_the_imported_model(loaded):
+  """What decode.py --n_best, scoring and serve.py call: n-best hypotheses scored by forced
+  decoding with the piece table's ids, and the HTTP API answering the engine's texts."""
+  from fastapi.testclient import TestClient
+
+  from transformer_nmt.inference.engine import Engine
+  from transformer_nmt.inference.server import make_app
+  engine = Engine(loaded, DecodeConfig(beam_size=2, alpha=0.0, max_extra_len=MAX_NEW,
+                                       max_len=MAX_NEW - 1), n_best=2)
+  texts = engine.translate(LINES)
+  assert any(texts)
+  for line, text, (source, hyps) in zip(LINES, texts, engine.hypotheses(LINES)):
+    assert hyps[0].text == text and 1 <= len(hyps) <= 2
+    assert source[-1] == '</s>' and hyps[0].tokens[-1] == '</s>'
+    (_, scored), = engine.score([line], [text])
+    assert scored.logprob == pytest.approx(hyps[0].logprob, abs=1e-4)
+  with TestClient(make_app(engine)) as client:
+    body = client.post('/v1/translate', json={'text': LINES, 'n_best': 2}).json()
+  assert [t['text'] for t in body['translations']] == texts
+
+
 def test_ctranslate2_export_of_the_workdir_translates_alike(workdir, loaded, hf_model, tmp_path):
   ctranslate2 = pytest.importorskip('ctranslate2')
   out = tmp_path / 'ct2'
