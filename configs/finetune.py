@@ -31,8 +31,10 @@ def get_config(workdir: str = '') -> ml_collections.ConfigDict:
   c = default_config()
   c.model.update({k: v for k, v in model_as_trained(stored[RESOLVED_MODEL]).items()
                   if k not in PROGRAM_SET})
+  # vocab_size: the model's, for aot_compile.py, which builds the model without tokenizers
+  # (training takes it from the tokenizers it copies)
   c.data.update(source='text', joint_vocab=stored.get('data', {}).get('joint_vocab', True),
-                max_len=128)
+                max_len=128, vocab_size=Workdir(workdir).read_model_config().vocab_size)
   c.decode.update(stored.get('decode', {}))
   # Peak learning rate 0.05 x d_model^-0.5 x 200^-0.5 (1.6e-4 at d_model 512).
   c.train.update(init_from=workdir, num_steps=2000, warmup_steps=200,

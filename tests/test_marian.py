@@ -143,6 +143,16 @@ def test_the_workdir_has_the_marian_options_and_piece_table(workdir, loaded):
   assert tok.decode([ids + [tok.eos_id, 5]]) == ['Ich habe 3 Katzen .']
 
 
+def test_the_fine_tuning_config_has_the_imported_model(workdir, loaded):
+  """configs/finetune.py:W gives aot_compile.py (which has no tokenizers) the model as
+  imported: its options and its vocabulary size."""
+  from transformer_nmt.aot import _model_config
+  from transformer_nmt.typed_config import validate_config
+  sys.path.insert(0, str(ROOT / 'configs'))
+  import finetune
+  assert _model_config(validate_config(finetune.get_config(str(workdir)))) == loaded.cfg
+
+
 def test_logits_match_transformers_on_a_padded_batch(loaded, hf_model):
   from transformer_nmt.model.transformer import Transformer
   pad = loaded.tgt_tok.pad_id
