@@ -4,7 +4,7 @@ saved as Hugging Face does, imported with import_marian.py, then trained with
 `train.py --config configs/finetune.py:W`; validation BLEU (decode.py --reference, greedy) of
 the import and of the fine-tuned run. Nothing is downloaded.
 
-  python bench/finetune_marian.py --data ../shared/data/multi30k --dir /tmp/marian_ft
+  python bench/finetune_marian.py --data ../shared/data/multi30k --out /tmp/marian_ft
 
 Needs torch and transformers (requirements-dev.txt).
 """
@@ -19,9 +19,11 @@ import time
 
 from absl import app, flags
 
+from import_marian import save_random_marian  # bench/import_marian.py, beside this file
+
 _DATA = flags.DEFINE_string('data', '../shared/data/multi30k', 'Folder with train.en/de and '
                             'valid.en/de.')
-_DIR = flags.DEFINE_string('dir', '/tmp/marian_ft', 'Scratch directory (emptied first).')
+_OUT = flags.DEFINE_string('out', '/tmp/marian_ft', 'Scratch directory (emptied first).')
 _STEPS = flags.DEFINE_integer('steps', 600, 'Fine-tuning steps.')
 _VOCAB = flags.DEFINE_integer('vocab', 4000, 'Pieces of each SentencePiece model.')
 _WIDTH = flags.DEFINE_integer('d_model', 128, 'Model width (2+2 layers, 4 heads, FFN 4x).')
@@ -33,8 +35,6 @@ def make_checkpoint(out: pathlib.Path, data: pathlib.Path) -> int:
   """A random Marian directory with SentencePiece models of the training text; returns its
   parameter count."""
   import sentencepiece as spm
-  import torch
-  import transformers
   pieces = []
   for name, side in (('source.spm', 'en'), ('target.spm', 'de')):
     spm.SentencePieceTrainer.train(input=str(data / f'train.{side}'),
@@ -45,17 +45,7 @@ def make_checkpoint(out: pathlib.Path, data: pathlib.Path) -> int:
     pieces += [sp.id_to_piece(i) for i in range(2, sp.get_piece_size())]
   table = ['</s>', '<unk>'] + sorted(set(pieces)) + ['<pad>']
   (out / 'vocab.json').write_text(json.dumps({p: i for i, p in enumerate(table)}))
-  d = _WIDTH.value
-  config = transformers.MarianConfig(
-      vocab_size=len(table), d_model=d, encoder_layers=2, decoder_layers=2,
-      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=4 * d,
-      decoder_ffn_dim=4 * d, max_position_embeddings=256, pad_token_id=len(table) - 1,
-      decoder_start_token_id=len(table) - 1, eos_token_id=0, forced_eos_token_id=0,
-      activation_function='swish', scale_embedding=True)
-  torch.manual_seed(0)
-  model = transformers.MarianMTModel(config)
-  model.save_pretrained(out)
-  return sum(p.numel() for p in model.parameters())
+  return save_random_marian(out, len(table), _WIDTH.value, layers=2, heads=4)
 
 
 def run(command: list[str]) -> str:
@@ -76,7 +66,7 @@ def bleu(workdir: pathlib.Path, source: pathlib.Path, reference: pathlib.Path) -
 
 def main(argv: list[str]) -> None:
   del argv
-  data, scratch = pathlib.Path(_DATA.value).resolve(), pathlib.Path(_DIR.value)
+  data, scratch = pathlib.Path(_DATA.value).resolve(), pathlib.Path(_OUT.value)
   shutil.rmtree(scratch, ignore_errors=True)
   checkpoint, imported, tuned = scratch / 'hf', scratch / 'imported', scratch / 'tuned'
   checkpoint.mkdir(parents=True)

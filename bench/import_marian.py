@@ -27,8 +27,6 @@ VOCAB = 58101
 def make_checkpoint(out: pathlib.Path) -> int:
   """A random opus-mt-en-de-shaped Marian directory; returns its parameter count."""
   import sentencepiece as spm
-  import torch
-  import transformers
   lines = [f'the {n} cats see {n + 1} dogs in the house number {n * 7}' for n in range(200)]
   pieces = []
   for name in ('source.spm', 'target.spm'):
@@ -42,12 +40,21 @@ def make_checkpoint(out: pathlib.Path) -> int:
   table = ['</s>', '<unk>'] + sorted(set(pieces))
   table += [f'▁filler{i}' for i in range(VOCAB - 1 - len(table))] + ['<pad>']
   (out / 'vocab.json').write_text(json.dumps({p: i for i, p in enumerate(table)}))
+  return save_random_marian(out, VOCAB, d_model=512, layers=6, heads=8)
+
+
+def save_random_marian(out: pathlib.Path, vocab: int, d_model: int, layers: int,
+                       heads: int) -> int:
+  """A random MarianMTModel as OPUS-MT's are made (swish, scaled embeddings, eos 0, pad and
+  decoder start last, FFN 4 x d_model), saved into `out`; returns its parameter count."""
+  import torch
+  import transformers
   config = transformers.MarianConfig(
-      vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6,
-      encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
-      decoder_ffn_dim=2048, max_position_embeddings=512, pad_token_id=VOCAB - 1,
-      decoder_start_token_id=VOCAB - 1, eos_token_id=0, forced_eos_token_id=0,
-      activation_function='swish', scale_embedding=True)
+      vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+      encoder_attention_heads=heads, decoder_attention_heads=heads,
+      encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model, max_position_embeddings=512,
+      pad_token_id=vocab - 1, decoder_start_token_id=vocab - 1, eos_token_id=0,
+      forced_eos_token_id=0, activation_function='swish', scale_embedding=True)
   torch.manual_seed(0)
   model = transformers.MarianMTModel(config)
   model.save_pretrained(out)
