@@ -38,6 +38,15 @@ def make(engine, **kwargs) -> Scheduler:
   return Scheduler(engine, **{**options, **kwargs})
 
 
+def held(**kwargs):
+  """A scheduler whose worker is busy with request ['a'] (held by the gated fake engine)."""
+  engine = FakeEngine(gate=True)
+  s = make(engine, **{'max_wait_ms': 0, **kwargs})
+  running = s.submit(['a'])
+  assert engine.started.wait(5)  # 'a' left the queue for a batch
+  return engine, s, running
+
+
 def test_results_in_input_order_per_request():
   engine = FakeEngine()
   s = make(engine, tokens_per_batch=3)  # a batch of 3 one-word sentences: several batches
@@ -156,10 +165,7 @@ def test_a_failing_on_item_ends_its_request_only():
 
 
 def test_queue_full():
-  engine = FakeEngine(gate=True)
-  s = make(engine, max_wait_ms=0, max_queue_sentences=2)
-  running = s.submit(['a'])
-  assert engine.started.wait(5)  # 'a' left the queue for a batch
+  engine, s, running = held(max_queue_sentences=2)
   queued = s.submit(['b', 'c'])
   with pytest.raises(QueueFull, match='max_queue_sentences=2'):
     s.submit(['d'])
@@ -171,10 +177,7 @@ def test_queue_full():
 
 
 def test_deadline_fails_the_request_and_drops_its_sentences():
-  engine = FakeEngine(gate=True)
-  s = make(engine, max_wait_ms=0)
-  running = s.submit(['a'])
-  assert engine.started.wait(5)
+  engine, s, running = held()
   late = s.submit(['b', 'c'], deadline=time.monotonic() + 0.2)
   on_time = s.submit(['d'], deadline=time.monotonic() + 60)
   with pytest.raises(DeadlineExceeded):
@@ -187,10 +190,7 @@ def test_deadline_fails_the_request_and_drops_its_sentences():
 
 
 def test_cancel_drops_pending_sentences():
-  engine = FakeEngine(gate=True)
-  s = make(engine, max_wait_ms=0)
-  running = s.submit(['a'])
-  assert engine.started.wait(5)
+  engine, s, running = held()
   gone = s.submit(['b', 'c'])
   kept = s.submit(['d'])
   assert gone.cancel()
