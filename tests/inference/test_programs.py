@@ -220,14 +220,14 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
 
 
 def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
-  """Engine.precompile makes the programs of every batch of 8 rows (the fewest a batch
-  has) at each grid length up to max_length, through every cache stage: later jobs of up to 8
-  lines of such lengths compile nothing and give the outputs of an engine that compiled."""
+  """Engine.precompile makes the programs of every batch of up to 8 rows (1, 2, 4, 8) at
+  each grid length up to max_length, through every cache stage: later jobs of up to 8 lines
+  of such lengths compile nothing and give the outputs of an engine that compiled."""
   assert max(len(ids) + 1 for ids in loaded.src_tok.encode(lines)) <= 40
   decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=14)  # past the first stage
   first = _engine(loaded, tmp_path, decode)
-  assert first.precompile(max_rows=8, max_length=40) == 4  # 8, 16, 24, 40
-  assert first.store.saved > 4  # a start program per length and a step per cache stage
+  assert first.precompile(max_rows=8, max_length=40) == 16  # 1-8 rows at 8, 16, 24, 40
+  assert first.store.saved > 16  # a start program per shape and a step per cache stage
   jobs = [lines[:1], lines[2:5], lines]
   again = _engine(loaded, tmp_path, decode)
   with compiles:
@@ -236,7 +236,7 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
   plain = Engine(loaded, decode)
   assert got == [plain.translate(job) for job in jobs]
-  assert _engine(loaded, tmp_path / 'none').precompile(max_rows=7) == 0
+  assert _engine(loaded, tmp_path / 'none').precompile(max_rows=0) == 0
 
 
 def test_the_code_identity_is_the_code_the_process_imported(tmp_path):

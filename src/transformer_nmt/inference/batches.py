@@ -10,7 +10,10 @@ import numpy as np
 
 from transformer_nmt.data import batching as data_lib
 
-# Fewest rows in a batch, also after compaction: fewer cost about as much.
+# Compaction never leaves a batch fewer rows than this: each smaller size would be programs
+# of its own. A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...):
+# a lone sentence with 8 rows decodes 1.7x (Multi30k) to 3x (OPUS-MT's 58k vocabulary) slower
+# (bench/RESULTS.md, 'One sentence, fewer rows').
 MIN_ROWS = 8
 
 

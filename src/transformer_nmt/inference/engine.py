@@ -154,11 +154,10 @@ class Engine:
     params, d, tgt = self.params_as_computed(), self.decode, self.model.tgt_tok
     lengths = np.array([len(r) for r in rows])
     boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
-    # Batch sizes from the compaction ladder (at least 8 rows; the one-loop path: powers of
-    # two): few shapes, and the same ones for every file.
+    # Batch sizes from the compaction ladder (1, 2, 4, 8, 12, ...; the one-loop path: powers
+    # of two): few shapes, and the same ones for every file.
     sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
-    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
-                                  min_rows=batches.MIN_ROWS)
+    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes)
 
     def decode(i: int) -> np.ndarray:
       """Batch i's output ids [rows, (N,) L]."""
@@ -204,8 +203,8 @@ class Engine:
                  max_length: int = PRECOMPILE_LENGTH, scoring: bool = False) -> int:
     """Makes (compiles, or loads from the store) the decoding programs of every batch that a
     job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
-    each batch size from 8 (the fewest rows a batch has) to `max_rows` at each length of the
-    grid up to `max_length`, through every cache stage. A later engine with the same store
+    each batch size of the ladder (1, 2, 4, 8, 12, ...) up to `max_rows` at each length of
+    the grid up to `max_length`, through every cache stage. A later engine with the same store
     then translates such a job, or a line typed at a terminal, without compiling. With
     `scoring`, also the forced-decoding programs of `score` and `hypotheses` (scores,
     n-best, alignments) for as many pairs of as many subwords. Returns the number of batch
@@ -213,7 +212,7 @@ class Engine:
     params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
     lengths = [n for n in data_lib.length_grid(1, d.max_input_len, d.length_growth)
                if n <= max_length]
-    sizes = [n for n in batch_sizes(d.tokens_per_batch) if batches.MIN_ROWS <= n <= max_rows]
+    sizes = [n for n in batch_sizes(d.tokens_per_batch) if n <= max_rows]
     shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
     extra = {'every_stage': True} if d.compact else {}
 
