@@ -11,10 +11,12 @@ import numpy as np
 from transformer_nmt.data import batching as data_lib
 
 # Compaction never leaves a batch fewer rows than this: each smaller size would be programs
-# of its own. A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...):
-# a lone sentence with 8 rows decodes 1.7x (Multi30k) to 3x (OPUS-MT's 58k vocabulary) slower
-# (bench/RESULTS.md, 'One sentence, fewer rows').
+# of its own.
 MIN_ROWS = 8
+# A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...), no fewer than
+# this: a lone sentence padded to 8 rows decodes 1.7x (Multi30k) to 3x (OPUS-MT's 58k
+# vocabulary) slower (bench/RESULTS.md, 'Small jobs: batches of as few rows as they need').
+START_ROWS = 1
 
 
 def in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:

@@ -157,7 +157,8 @@ class Engine:
     # Batch sizes from the compaction ladder (1, 2, 4, 8, 12, ...; the one-loop path: powers
     # of two): few shapes, and the same ones for every file.
     sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
-    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes)
+    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
+                                  min_rows=batches.START_ROWS)
 
     def decode(i: int) -> np.ndarray:
       """Batch i's output ids [rows, (N,) L]."""
@@ -212,7 +213,8 @@ class Engine:
     params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
     lengths = [n for n in data_lib.length_grid(1, d.max_input_len, d.length_growth)
                if n <= max_length]
-    sizes = [n for n in batch_sizes(d.tokens_per_batch) if n <= max_rows]
+    sizes = [n for n in batch_sizes(d.tokens_per_batch)
+             if batches.START_ROWS <= n <= max_rows]
     shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
     extra = {'every_stage': True} if d.compact else {}
 
