@@ -1,0 +1,104 @@
+"""Does a sentence's translation depend on the batch it shares? And why.
+
+  python bench/batch_invariance.py --workdir W --input ../shared/data/multi30k/test2016.en
+  XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python bench/batch_invariance.py ...
+
+1. The model's matmul shapes [M, K] x [K, N] (K, N from its d_model, d_ff and vocabulary) on
+   random rows: for each row count M (1-64, then the batch ladder's 96, 128, 192, ... up to
+   --max_rows), whether every row equals the same row computed in a batch of --max_rows;
+   printed: the row counts that differ, where XLA's CPU backend picks another kernel (another
+   order of the sums) than for many rows.
+2. Engine.translate of the first --lines lines three ways: the whole list at once (decode.py's
+   large batches), in consecutive groups of 1-16 lines (seeded; a server without batching
+   across requests), and one line at a time; lines that differ between each pair, and the
+   wall time of each way.
+"""
+
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from transformer_nmt.data.batching import read_lines
+from transformer_nmt.inference.engine import Engine
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
+_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
+_LINES = flags.DEFINE_integer('lines', 400, 'First lines of --input to translate.')
+_MAX_ROWS = flags.DEFINE_integer('max_rows', 768, 'Largest row count checked.')
+
+
+def row_counts(max_rows: int) -> list[int]:
+  """1-64, then 96, 128, 192, 256, ... (the compaction ladder) up to max_rows."""
+  counts, m = list(range(1, 65)), 64
+  while m < max_rows:
+    counts += [c for c in (m * 3 // 2, m * 2) if c <= max_rows]
+    m *= 2
+  return counts
+
+
+def differing_row_counts(k: int, n: int, max_rows: int) -> list[int]:
+  """The row counts M of row_counts(max_rows) at which some row of [M, k] x [k, n]
+  differs from that row computed among max_rows rows."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((max_rows, k), np.float32)
+  w = jax.numpy.asarray(rng.standard_normal((k, n), np.float32))
+  matmul = jax.jit(lambda x, w: x @ w)
+  full = np.asarray(matmul(x, w))
+  return [m for m in row_counts(max_rows)
+          if not np.array_equal(matmul(x[:m], w), full[:m])]
+
+
+def ranges(values: list[int], counts: list[int]) -> str:
+  """Runs of consecutive members of `counts`: [1, 2, 3, 96] -> '1-3, 96'."""
+  out, start = [], None
+  for i, v in enumerate(values):
+    start = v if start is None else start
+    if i + 1 == len(values) or counts.index(values[i + 1]) != counts.index(v) + 1:
+      out.append(f'{start}' if start == v else f'{start}-{v}')
+      start = None
+  return ', '.join(out) or 'none'
+
+
+def main(_):
+  engine = Engine.load(_WORKDIR.value)
+  cfg = engine.model.cfg
+  print(f'model d_model {cfg.d_model}, d_ff {cfg.d_ff}, vocabulary {cfg.vocab_size}; '
+        f'beam {engine.decode.beam_size}')
+  print('| matmul [M, K] x [K, N] | M whose rows differ from the same rows among '
+        f'{_MAX_ROWS.value} |\n| --- | --- |')
+  for k, n in sorted({(cfg.d_model, cfg.d_model), (cfg.d_model, cfg.d_ff),
+                      (cfg.d_ff, cfg.d_model), (cfg.d_model, cfg.vocab_size)}):
+    counts = row_counts(_MAX_ROWS.value)
+    print(f'| K {k}, N {n} | {ranges(differing_row_counts(k, n, _MAX_ROWS.value), counts)} |')
+
+  lines = read_lines(_INPUT.value)[:_LINES.value]
+  sizes = np.random.default_rng(0).integers(1, 17, len(lines))
+  groups, start = [], 0
+  for size in sizes:
+    if start < len(lines):
+      groups.append(lines[start:start + size])
+      start += size
+  ways = {'whole list': lambda: engine.translate(lines),
+          'groups of 1-16': lambda: [t for g in groups for t in engine.translate(g)],
+          'one at a time': lambda: [engine.translate([line])[0] for line in lines]}
+  for way in ways.values():  # compile every shape first
+    way()
+  outputs, seconds = {}, {}
+  for name, way in ways.items():
+    start_time = time.perf_counter()
+    outputs[name] = way()
+    seconds[name] = time.perf_counter() - start_time
+  print(f'\n{len(lines)} lines ({len(groups)} groups)\n\n| way | wall s |\n| --- | ---: |')
+  for name in ways:
+    print(f'| {name} | {seconds[name]:.1f} |')
+  print('\n| pair | lines that differ |\n| --- | ---: |')
+  names = list(ways)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      print(f'| {a} / {b} | {sum(x != y for x, y in zip(outputs[a], outputs[b]))} |')
+
+
+if __name__ == '__main__':
+  app.run(main)
