@@ -230,8 +230,12 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   assert first.store.saved > 16  # a start program per shape and a step per cache stage
   jobs = [lines[:1], lines[2:5], lines]
   again = _engine(loaded, tmp_path, decode)
+  rows, batch = [], again._batch
+  again._batch = lambda params, src, *rest, **kw: rows.append(len(src)) or batch(
+      params, src, *rest, **kw)
   with compiles:
     got = [again.translate(job) for job in jobs]
+  assert rows == [1, 4, 8]  # as few rows as hold the job's lines (batches.START_ROWS)
   assert len(again._translate.decoder.rows_per_chunk) > 2  # a stage after the first 2 chunks
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
   plain = Engine(loaded, decode)
