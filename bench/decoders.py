@@ -25,7 +25,7 @@ from transformer_nmt.decoding.search import LogitsFn
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import Decoder, cached_decoder, translate
 from transformer_nmt.inference import heap
-from transformer_nmt.inference.batches import in_order, strip
+from transformer_nmt.inference.batches import START_ROWS, in_order, strip
 from transformer_nmt.model.transformer import Transformer
 
 
@@ -91,7 +91,7 @@ def translate_rows(cfg: ModelConfig, params: Any, spec: SearchSpec, rows: Sequen
   lengths = np.array([len(r) for r in rows])
   grid = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
   sizes = batch_sizes(d.tokens_per_batch, powers_of_two=True)
-  plans = data_lib.fill_batches(lengths, grid, d.tokens_per_batch, sizes)
+  plans = data_lib.fill_batches(lengths, grid, d.tokens_per_batch, sizes, min_rows=START_ROWS)
 
   def decode(i: int) -> np.ndarray:
     ids = np.asarray(run(params, *data_lib.pad_rows(rows, plans[i], pad_id)[:2]))

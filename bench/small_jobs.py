@@ -29,7 +29,7 @@ def main(_):
   times: dict[tuple[str, int], list[float]] = {}
   for size in map(int, _SIZES.value):
     jobs = [lines[i * size:(i + 1) * size] for i in range(_JOBS.value)]
-    for name, floor in FLOORS.items():  # compile every shape the jobs meet
+    for floor in FLOORS.values():  # compile every shape the jobs meet
       batches.START_ROWS = floor
       for job in jobs:
         engine.translate(job)

@@ -14,7 +14,7 @@ from transformer_nmt.data import batching as data_lib
 # of its own.
 MIN_ROWS = 8
 # A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...), no fewer than
-# this: a lone sentence padded to 8 rows decodes 1.7x (Multi30k) to 3x (OPUS-MT's 58k
+# this: a lone sentence padded to 8 rows decodes 1.6x (Multi30k) to 3x (OPUS-MT's 58k
 # vocabulary) slower (bench/RESULTS.md, 'Small jobs: batches of as few rows as they need').
 START_ROWS = 1
 
