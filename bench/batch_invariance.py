@@ -68,9 +68,9 @@ def main(_):
         f'beam {engine.decode.beam_size}')
   print('| matmul [M, K] x [K, N] | M whose rows differ from the same rows among '
         f'{_MAX_ROWS.value} |\n| --- | --- |')
+  counts = row_counts(_MAX_ROWS.value)
   for k, n in sorted({(cfg.d_model, cfg.d_model), (cfg.d_model, cfg.d_ff),
                       (cfg.d_ff, cfg.d_model), (cfg.d_model, cfg.vocab_size)}):
-    counts = row_counts(_MAX_ROWS.value)
     print(f'| K {k}, N {n} | {ranges(differing_row_counts(k, n, _MAX_ROWS.value), counts)} |')
 
   lines = read_lines(_INPUT.value)[:_LINES.value]

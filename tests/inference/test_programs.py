@@ -231,8 +231,11 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   jobs = [lines[:1], lines[2:5], lines]
   again = _engine(loaded, tmp_path, decode)
   rows, batch = [], again._batch
-  again._batch = lambda params, src, *rest, **kw: rows.append(len(src)) or batch(
-      params, src, *rest, **kw)
+
+  def counted(params, src, *rest, **kw):  # the rows of each batch the jobs run
+    rows.append(len(src))
+    return batch(params, src, *rest, **kw)
+  again._batch = counted
   with compiles:
     got = [again.translate(job) for job in jobs]
   assert rows == [1, 4, 8]  # as few rows as hold the job's lines (batches.START_ROWS)
