@@ -1,19 +1,22 @@
 """Does a sentence's translation depend on the batch it shares? And why.
 
   python bench/batch_invariance.py --workdir W --input ../shared/data/multi30k/test2016.en
+  python bench/batch_invariance.py ... --nobatch_invariant   # YNNPACK's reductions too
   XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python bench/batch_invariance.py ...
 
-1. The model's matmul shapes [M, K] x [K, N] (K, N from its d_model, d_ff and vocabulary) on
-   random rows: for each row count M (1-64, then the batch ladder's 96, 128, 192, ... up to
-   --max_rows), whether every row equals the same row computed in a batch of --max_rows;
-   printed: the row counts that differ, where XLA's CPU backend picks another kernel (another
-   order of the sums) than for many rows.
+1. The model's matmul shapes [M, K] x [K, N] (K, N from its d_model, d_ff and vocabulary; in
+   its compute dtype, float32 results, compiled as the decoding programs are) on random rows:
+   for each row count M (1-64, then the batch ladder's 96, 128, 192, ... up to --max_rows),
+   whether every row equals the same row computed in a batch of --max_rows; printed: the row
+   counts that differ, where XLA's CPU backend picks another kernel (another order of the
+   sums) than for many rows.
 2. Engine.translate of the first --lines lines three ways: the whole list at once (decode.py's
    large batches), in consecutive groups of 1-16 lines (seeded; a server without batching
    across requests), and one line at a time; lines that differ between each pair, and the
    wall time of each way.
 """
 
+import dataclasses
 import time
 
 import jax
@@ -21,12 +24,14 @@ import numpy as np
 from absl import app, flags
 
 from transformer_nmt.data.batching import read_lines
+from transformer_nmt.decoding.search import compiler_options
 from transformer_nmt.inference.engine import Engine
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
 _LINES = flags.DEFINE_integer('lines', 400, 'First lines of --input to translate.')
 _MAX_ROWS = flags.DEFINE_integer('max_rows', 768, 'Largest row count checked.')
+_INVARIANT = flags.DEFINE_bool('batch_invariant', True, 'decode.batch_invariant of the engine.')
 
 
 def row_counts(max_rows: int) -> list[int]:
@@ -38,13 +43,16 @@ def row_counts(max_rows: int) -> list[int]:
   return counts
 
 
-def differing_row_counts(k: int, n: int, max_rows: int) -> list[int]:
-  """The row counts M of row_counts(max_rows) at which some row of [M, k] x [k, n]
-  differs from that row computed among max_rows rows."""
+def differing_row_counts(k: int, n: int, max_rows: int, dtype: str,
+                         options: dict[str, str]) -> list[int]:
+  """The row counts M of row_counts(max_rows) at which some row of [M, k] x [k, n] (in
+  `dtype`, float32 results, compiled with XLA `options`) differs from that row computed among
+  max_rows rows."""
   rng = np.random.default_rng(0)
-  x = rng.standard_normal((max_rows, k), np.float32)
-  w = jax.numpy.asarray(rng.standard_normal((k, n), np.float32))
-  matmul = jax.jit(lambda x, w: x @ w)
+  x = rng.standard_normal((max_rows, k), np.float32).astype(dtype)
+  w = jax.numpy.asarray(rng.standard_normal((k, n), np.float32).astype(dtype))
+  matmul = jax.jit(lambda x, w: jax.numpy.matmul(x, w, preferred_element_type=np.float32),
+                   compiler_options=options)
   full = np.asarray(matmul(x, w))
   return [m for m in row_counts(max_rows)
           if not np.array_equal(matmul(x[:m], w), full[:m])]
@@ -62,16 +70,19 @@ def ranges(values: list[int], counts: list[int]) -> str:
 
 
 def main(_):
-  engine = Engine.load(_WORKDIR.value)
+  engine = Engine.load(_WORKDIR.value, settings=lambda d: dataclasses.replace(
+      d, batch_invariant=_INVARIANT.value).validate())
   cfg = engine.model.cfg
-  print(f'model d_model {cfg.d_model}, d_ff {cfg.d_ff}, vocabulary {cfg.vocab_size}; '
-        f'beam {engine.decode.beam_size}')
+  options = compiler_options(engine.decode.batch_invariant)
+  print(f'model d_model {cfg.d_model}, d_ff {cfg.d_ff}, vocabulary {cfg.vocab_size}, '
+        f'{cfg.dtype}; beam {engine.decode.beam_size}; XLA options {options or "none"}')
   print('| matmul [M, K] x [K, N] | M whose rows differ from the same rows among '
         f'{_MAX_ROWS.value} |\n| --- | --- |')
   counts = row_counts(_MAX_ROWS.value)
   for k, n in sorted({(cfg.d_model, cfg.d_model), (cfg.d_model, cfg.d_ff),
                       (cfg.d_ff, cfg.d_model), (cfg.d_model, cfg.vocab_size)}):
-    print(f'| K {k}, N {n} | {ranges(differing_row_counts(k, n, _MAX_ROWS.value), counts)} |')
+    differ = differing_row_counts(k, n, _MAX_ROWS.value, cfg.dtype, options)
+    print(f'| K {k}, N {n} | {ranges(differ, counts)} |')
 
   lines = read_lines(_INPUT.value)[:_LINES.value]
   sizes = np.random.default_rng(0).integers(1, 17, len(lines))

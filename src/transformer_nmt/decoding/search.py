@@ -9,6 +9,7 @@ plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import flax
@@ -25,17 +26,38 @@ LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 class Jit(Protocol):
   """How the decoders compile their programs: `jax.jit` with a name for the program
-  (`plain_jit`), or the engine's ProgramStore.jit, which keeps them on disk."""
+  (`plain_jit`), or the engine's ProgramStore.jit, which keeps them on disk; both take XLA
+  `compiler_options` (see `compiler_options`)."""
 
   def __call__(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
-               donate_argnums: Sequence[int] = ()) -> Callable: ...
+               donate_argnums: Sequence[int] = (),
+               compiler_options: Optional[dict[str, str]] = None) -> Callable: ...
 
 
 def plain_jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
-              donate_argnums: Sequence[int] = ()) -> Callable:
+              donate_argnums: Sequence[int] = (),
+              compiler_options: Optional[dict[str, str]] = None) -> Callable:
   """`jax.jit`: the programs live as long as the function (`name` is for stores)."""
   del name
-  return jax.jit(fn, static_argnums=tuple(static_argnums), donate_argnums=tuple(donate_argnums))
+  return jax.jit(fn, static_argnums=tuple(static_argnums), donate_argnums=tuple(donate_argnums),
+                 compiler_options=compiler_options)
+
+
+_YNN_FUSIONS = 'xla_cpu_experimental_ynn_fusion_type'
+
+
+def compiler_options(batch_invariant: bool) -> dict[str, str]:
+  """XLA options for the decoding programs (decode.batch_invariant). XLA's CPU backend hands
+  reductions (LayerNorm's means, softmax denominators) to YNNPACK, which sums a row in an order
+  that depends on how many rows the tensor has: the same sentence gets other last bits in
+  another batch, and now and then its beam takes another path. XLA's own reductions sum
+  every row alike. YNNPACK keeps the matmuls (their rows do not depend on the batch at
+  decoding's row counts, bench/batch_invariance.py). Nothing changes off CPUs, or when
+  XLA_FLAGS chooses YNNPACK's fusions itself."""
+  if (not batch_invariant or jax.default_backend() != 'cpu'
+      or _YNN_FUSIONS in os.environ.get('XLA_FLAGS', '')):
+    return {}
+  return {_YNN_FUSIONS: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT'}
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import pathlib
 from typing import Any, Callable, Optional, Sequence
@@ -21,7 +22,7 @@ from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
-from transformer_nmt.decoding.search import plain_jit
+from transformer_nmt.decoding.search import compiler_options, plain_jit
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError
@@ -103,7 +104,8 @@ class Engine:
     self.store = None if programs is None else ProgramStore(programs, identity(
         models=model.cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
-    jit = plain_jit if self.store is None else self.store.jit
+    jit = functools.partial(plain_jit if self.store is None else self.store.jit,
+                            compiler_options=compiler_options(d.batch_invariant))
     if d.compact:
       self._translate = CompactingTranslate(model.cfg, searched, min_rows=batches.MIN_ROWS,
                                             jit=jit)

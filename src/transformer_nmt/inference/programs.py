@@ -194,9 +194,10 @@ class ProgramStore:
                     ', '.join(differ) or 'identity')
 
   def jit(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
-          donate_argnums: Sequence[int] = ()) -> StoredJit:
+          donate_argnums: Sequence[int] = (),
+          compiler_options: Optional[dict[str, str]] = None) -> StoredJit:
     """`fn` compiled as `jax.jit` does, its programs kept here (decoding.search.Jit)."""
-    return StoredJit(fn, name, self, static_argnums, donate_argnums)
+    return StoredJit(fn, name, self, static_argnums, donate_argnums, compiler_options)
 
   def path(self, name: str, signature: str) -> pathlib.Path:
     return self.directory / f'{name}-{_digest(signature)}.program'
@@ -272,9 +273,11 @@ class StoredJit:
   them."""
 
   def __init__(self, fn: Callable, name: str, store: Optional[ProgramStore] = None,
-               static_argnums: Sequence[int] = (), donate_argnums: Sequence[int] = ()):
+               static_argnums: Sequence[int] = (), donate_argnums: Sequence[int] = (),
+               compiler_options: Optional[dict[str, str]] = None):
     self.name, self.store, self.static = name, store, tuple(static_argnums)
-    self.jitted = jax.jit(fn, static_argnums=self.static, donate_argnums=tuple(donate_argnums))
+    self.jitted = jax.jit(fn, static_argnums=self.static, donate_argnums=tuple(donate_argnums),
+                          compiler_options=compiler_options)
     self._programs: dict[str, jax.stages.Compiled] = {}
     self._lock = threading.Lock()
     self._pending: dict[str, threading.Lock] = {}  # signature -> held while it is built
