@@ -1,7 +1,7 @@
 """Does a sentence's translation depend on the batch it shares? And why.
 
   python bench/batch_invariance.py --workdir W --input ../shared/data/multi30k/test2016.en
-  python bench/batch_invariance.py ... --nobatch_invariant   # YNNPACK's reductions too
+  python bench/batch_invariance.py ... --nobatch_invariant   # the default programs
   XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python bench/batch_invariance.py ...
 
 1. The model's matmul shapes [M, K] x [K, N] (K, N from its d_model, d_ff and vocabulary; in

@@ -362,10 +362,11 @@ class DecodeConfig:
   mbr: str = 'off'
   # On a CPU: compile the decoding programs without XLA's YNNPACK reductions, whose order of
   # summation depends on the tensor's shape, so that a sentence's translation and scores do
-  # not depend on the batch it shares (serve.py answers as decode.py does), at a few percent
-  # of large batches' speed (bench/RESULTS.md, 'Why some answers differ'). No effect on
-  # other backends, or where XLA_FLAGS sets xla_cpu_experimental_ynn_fusion_type itself.
-  batch_invariant: bool = True
+  # not depend on the batch it shares (serve.py answers as decode.py does with it too). Off
+  # by default: large batches decode 1.14x slower with it (bench/RESULTS.md, 'Why some
+  # answers differ'). No effect on other backends, or where XLA_FLAGS sets
+  # xla_cpu_experimental_ynn_fusion_type itself.
+  batch_invariant: bool = False
 
   def validate(self) -> DecodeConfig:
     """Raises ConfigError naming the first option out of range (flags and config.json alike:

@@ -24,6 +24,7 @@ from transformer_nmt.decoding.search import (
   LogitsFn,
   Prefix,
   Search,
+  compiler_options,
   constrain,
   decode_loop,
   padded_length,
@@ -99,9 +100,11 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
          eos_id: int, stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
-         no_repeat_ngram: int = DECODE.no_repeat_ngram) -> BeamState:
+         no_repeat_ngram: int = DECODE.no_repeat_ngram, elementwise_max: bool = False
+         ) -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished (under
-  the output controls of `search.constrain`); a state of one beam per row becomes one of K."""
+  the output controls of `search.constrain`); a state of one beam per row becomes one of K.
+  `elementwise_max`: see topk.top_k."""
   batch, width, length = s.seqs.shape  # width: 1 for a state begun on one beam, else K
   k = s.scores.shape[1]
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, width]
@@ -120,7 +123,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
     only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
     logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
-  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id)
+  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, elementwise_max)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, width, -1)).reshape(batch, -1)
   if total.shape[1] < 2 * k:  # one beam over fewer than 2K tokens: impossible extensions
     total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
@@ -147,7 +150,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
 
 
 def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
-                eos_id: int) -> tuple[jax.Array, jax.Array]:
+                eos_id: int, elementwise_max: bool = False) -> tuple[jax.Array, jax.Array]:
   """Each beam's n best next tokens and their log-probabilities: [N, V] logits (and their
   [N, 1] logsumexp) -> [N, n] twice.
 
@@ -156,7 +159,7 @@ def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
   faster than log-softmax and top-k over the whole [B, K * V] (bench/micro.py). Beams
   `at_limit` offer only EOS.
   """
-  values, token = top_k(logits, n)
+  values, token = top_k(logits, n, elementwise_max)
   only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)
   values = jnp.where(at_limit[:, None], only_eos, values)
   return values - lse, jnp.where(at_limit[:, None], eos_id, token).astype(jnp.int32)
@@ -219,7 +222,9 @@ def beam(spec: SearchSpec, length: int) -> Search:
       lambda s, logits_fn, max_lens: step(s, logits_fn, max_lens, alpha=d.alpha,
                                           bos_id=spec.bos_id, eos_id=spec.eos_id,
                                           stop=d.beam_stop, min_len=d.min_len,
-                                          no_repeat_ngram=d.no_repeat_ngram),
+                                          no_repeat_ngram=d.no_repeat_ngram,
+                                          elementwise_max=bool(compiler_options(
+                                              d.batch_invariant))),
       lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
       lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,

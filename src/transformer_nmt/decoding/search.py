@@ -267,7 +267,8 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
     if d.min_len or d.no_repeat_ngram:
       logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=d.min_len,
                          no_repeat_ngram=d.no_repeat_ngram)
-    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t)
+    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t,
+                  bool(compiler_options(d.batch_invariant)))
     if s.prefix is not None:
       forced, given = s.prefix.forced(s.t)
       token = jnp.where(forced, given, token)
@@ -304,13 +305,14 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, spec: Se
 
 
 def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.Array],
-          t: jax.Array) -> jax.Array:
-  """argmax, or a sample from softmax(logits / temperature) restricted to the top k."""
+          t: jax.Array, elementwise_max: bool = False) -> jax.Array:
+  """argmax, or a sample from softmax(logits / temperature) restricted to the top k
+  (`elementwise_max`: see topk.top_k)."""
   if temperature <= 0.0:  # argmax; topk.top_k picks the same (lowest) index on ties and is
-    return topk.top_k(logits, 1)[1][:, 0]  # faster on XLA CPU (bench/micro.py)
+    return topk.top_k(logits, 1, elementwise_max)[1][:, 0]  # faster on XLA CPU (bench/micro.py)
   logits = logits.astype(jnp.float32) / temperature
   if top_k > 0:
-    kth = topk.top_k(logits, top_k)[0][:, -1:]
+    kth = topk.top_k(logits, top_k, elementwise_max)[0][:, -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   token = jax.random.categorical(jax.random.fold_in(rng, t), logits, axis=-1)
   return token.astype(jnp.int32)

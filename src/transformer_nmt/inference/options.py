@@ -48,9 +48,9 @@ DECODE_FLAGS = {
     'no_repeat_ngram': ('no_repeat_ngram', 'No n-gram of this many subwords twice in one output '
                         '(0 = off).'),
     'batch_invariant': ('batch_invariant', "On a CPU, the same translation of a sentence in "
-                        'any batch (serve.py answers as decode.py does): XLA sums without '
-                        "YNNPACK's reductions, whose order depends on the batch's shape; "
-                        '--nobatch_invariant is a few percent faster on large batches.'),
+                        'any batch (serve.py answers as decode.py does when both have it): '
+                        "XLA sums without YNNPACK's reductions, whose order depends on the "
+                        "batch's shape; large batches decode slower."),
     'mbr': ('mbr', 'Minimum Bayes risk: output the hypothesis of the beam with the highest '
             'expected sentence BLEU or chrF against the others, weighted by model probability, '
             'instead of the likeliest (off = the paper).'),
