@@ -363,8 +363,8 @@ class DecodeConfig:
   # On a CPU: compile the decoding programs without XLA's YNNPACK reductions, whose order of
   # summation depends on the tensor's shape, so that a sentence's translation and scores do
   # not depend on the batch it shares (serve.py answers as decode.py does with it too). Off
-  # by default: large batches decode 1.14x slower with it (bench/RESULTS.md, 'Why some
-  # answers differ'). No effect on other backends, or where XLA_FLAGS sets
+  # by default: large batches decode slower with it (bench/RESULTS.md, 'Answers independent
+  # of the batch'). No effect on other backends, or where XLA_FLAGS sets
   # xla_cpu_experimental_ynn_fusion_type itself.
   batch_invariant: bool = False
 

@@ -24,8 +24,8 @@ def top_k(x: jax.Array, k: int, elementwise_max: bool = False) -> tuple[jax.Arra
   more than it saves on XLA CPU (a copy of x and a slow strided reduction). With
   `elementwise_max` the block maxima come from elementwise maxima of the blocks' slices
   instead of one reduction: faster when XLA's CPU backend does not hand reductions to
-  YNNPACK (decode.batch_invariant), slower when it does (bench/RESULTS.md, 'Why some answers
-  differ').
+  YNNPACK (decode.batch_invariant), slower when it does (bench/RESULTS.md, 'Answers
+  independent of the batch').
   """
   size = x.shape[-1]
   block = _block_size(size)
