@@ -51,9 +51,10 @@ def compiler_options(batch_invariant: bool) -> dict[str, str]:
   reductions (LayerNorm's means, softmax denominators) to YNNPACK, which sums a row in an order
   that depends on how many rows the tensor has: the same sentence gets other last bits in
   another batch, and now and then its beam takes another path. XLA's own reductions sum
-  every row alike. YNNPACK keeps the matmuls (their rows do not depend on the batch at
-  decoding's row counts, bench/batch_invariance.py). Nothing changes off CPUs, or when
-  XLA_FLAGS chooses YNNPACK's fusions itself."""
+  every row alike. YNNPACK keeps the matmuls: their rows do not depend on the batch at beam
+  search's row counts (rows x beam; not at 1 or 2 rows, which greedy batches can have:
+  bench/batch_invariance.py). Nothing changes off CPUs, or when XLA_FLAGS chooses YNNPACK's
+  fusions itself."""
   if (not batch_invariant or jax.default_backend() != 'cpu'
       or _YNN_FUSIONS in os.environ.get('XLA_FLAGS', '')):
     return {}
