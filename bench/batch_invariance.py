@@ -14,6 +14,10 @@
    large batches), in consecutive groups of 1-16 lines (seeded; a server without batching
    across requests), and one line at a time; lines that differ between each pair, and the
    wall time of each way.
+3. The price of decode.batch_invariant, side by side: all lines of --input at once and its
+   groups of 1-16 lines, by an engine with and one without the option on the same loaded
+   model, alternating for --rounds rounds (after one to compile); the fastest round of each
+   and their ratio, and how many lines the two settings translate differently.
 """
 
 import dataclasses
@@ -32,6 +36,7 @@ _INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', r
 _LINES = flags.DEFINE_integer('lines', 400, 'First lines of --input to translate.')
 _MAX_ROWS = flags.DEFINE_integer('max_rows', 768, 'Largest row count checked.')
 _INVARIANT = flags.DEFINE_bool('batch_invariant', True, 'decode.batch_invariant of the engine.')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of part 3 (0: skip it).')
 
 
 def row_counts(max_rows: int) -> list[int]:
@@ -69,6 +74,44 @@ def ranges(values: list[int], counts: list[int]) -> str:
   return ', '.join(out) or 'none'
 
 
+def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
+  """Consecutive groups of 1-16 lines (seeded sizes)."""
+  sizes = np.random.default_rng(0).integers(1, 17, len(lines))
+  groups, start = [], 0
+  for size in sizes:
+    if start < len(lines):
+      groups.append(lines[start:start + size])
+      start += size
+  return groups
+
+
+def price(engine: Engine, lines: list[str], rounds: int) -> None:
+  """Part 3: both settings of decode.batch_invariant, alternating; prints a table."""
+  engines = {on: Engine(engine.model, dataclasses.replace(engine.decode, batch_invariant=on))
+             for on in (False, True)}
+  groups = groups_of_1_to_16(lines)
+  ways = {'whole list': lambda e: e.translate(lines),
+          'groups of 1-16': lambda e: [t for g in groups for t in e.translate(g)]}
+  outputs = {on: ways['whole list'](e) for on, e in engines.items()}  # compiles
+  for e in engines.values():
+    ways['groups of 1-16'](e)
+  best = {}
+  for _ in range(rounds):
+    for name, way in ways.items():
+      for on, e in engines.items():
+        start_time = time.perf_counter()
+        way(e)
+        seconds = time.perf_counter() - start_time
+        best[name, on] = min(best.get((name, on), seconds), seconds)
+  print(f'\n{len(lines)} lines, {len(groups)} groups, fastest of {rounds} rounds\n\n'
+        '| way | batch_invariant s | without s | ratio |\n| --- | ---: | ---: | ---: |')
+  for name in ways:
+    print(f'| {name} | {best[name, True]:.2f} | {best[name, False]:.2f} | '
+          f'{best[name, True] / best[name, False]:.2f}x |')
+  print(f'lines translated differently by the two settings: '
+        f'{sum(a != b for a, b in zip(outputs[False], outputs[True]))}')
+
+
 def main(_):
   engine = Engine.load(_WORKDIR.value, settings=lambda d: dataclasses.replace(
       d, batch_invariant=_INVARIANT.value).validate())
@@ -85,12 +128,7 @@ def main(_):
     print(f'| K {k}, N {n} | {ranges(differ, counts)} |')
 
   lines = read_lines(_INPUT.value)[:_LINES.value]
-  sizes = np.random.default_rng(0).integers(1, 17, len(lines))
-  groups, start = [], 0
-  for size in sizes:
-    if start < len(lines):
-      groups.append(lines[start:start + size])
-      start += size
+  groups = groups_of_1_to_16(lines)
   ways = {'whole list': lambda: engine.translate(lines),
           'groups of 1-16': lambda: [t for g in groups for t in engine.translate(g)],
           'one at a time': lambda: [engine.translate([line])[0] for line in lines]}
@@ -109,6 +147,8 @@ def main(_):
   for i, a in enumerate(names):
     for b in names[i + 1:]:
       print(f'| {a} / {b} | {sum(x != y for x, y in zip(outputs[a], outputs[b]))} |')
+  if _ROUNDS.value:
+    price(engine, read_lines(_INPUT.value), _ROUNDS.value)
 
 
 if __name__ == '__main__':
