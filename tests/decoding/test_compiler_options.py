@@ -1,5 +1,7 @@
 """decode.batch_invariant: the decoding programs' XLA options on a CPU."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,8 +40,6 @@ def test_off_or_chosen_by_xla_flags(monkeypatch):
 @pytest.mark.parametrize('batch_invariant', [False, True])
 def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_invariant):
   """Each program the engine makes (translation and scoring) gets the setting's options."""
-  import dataclasses
-
   from transformer_nmt.inference import engine as engine_lib
 
   seen = []

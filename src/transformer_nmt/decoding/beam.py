@@ -215,6 +215,8 @@ def beam(spec: SearchSpec, length: int) -> Search:
   controls; its `init` tiles the cache to K beams. With `spec.n_best` > 1 its result is
   [B, N, L] (see `result`)."""
   d, k = spec.decode, spec.decode.beam_size
+  # Programs summing without YNNPACK (decode.batch_invariant) take block maxima elementwise.
+  elementwise_max = bool(compiler_options(d.batch_invariant))
   return Search(
       k,
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,
@@ -223,8 +225,7 @@ def beam(spec: SearchSpec, length: int) -> Search:
                                           bos_id=spec.bos_id, eos_id=spec.eos_id,
                                           stop=d.beam_stop, min_len=d.min_len,
                                           no_repeat_ngram=d.no_repeat_ngram,
-                                          elementwise_max=bool(compiler_options(
-                                              d.batch_invariant))),
+                                          elementwise_max=elementwise_max),
       lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
       lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,

@@ -253,6 +253,8 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
   `rng`), into outputs of `length` positions (see `greedy_search`), under the output
   controls of `constrain`."""
   d, bos_id, eos_id, pad_id = spec.decode, spec.bos_id, spec.eos_id, spec.pad_id
+  # Programs summing without YNNPACK (decode.batch_invariant) take block maxima elementwise.
+  elementwise_max = bool(compiler_options(d.batch_invariant))
 
   def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
     if spec.sampling and rng is None:
@@ -268,8 +270,7 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
     if d.min_len or d.no_repeat_ngram:
       logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=d.min_len,
                          no_repeat_ngram=d.no_repeat_ngram)
-    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t,
-                  bool(compiler_options(d.batch_invariant)))
+    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t, elementwise_max)
     if s.prefix is not None:
       forced, given = s.prefix.forced(s.t)
       token = jnp.where(forced, given, token)
