@@ -74,6 +74,7 @@ class Phase:
   rss_end: int = 0
   rss_windows: tuple = ()  # peak RSS of the first and the last minute of a long phase
   fill: float = 0.0
+  busy: float = 0.0  # the server's time in batches / the phase's time (1.0: never idle)
   compiled: float = 0.0
 
   def row(self, server: str) -> str:
@@ -84,13 +85,14 @@ class Phase:
     return (f'| {server} | {self.name} | {self.requests} | {failed}{why} | '
             f'{self.sentences / self.seconds:.1f} | {1000 * q[49]:.0f} | {1000 * q[94]:.0f} | '
             f'{1000 * q[98]:.0f} | {self.rss_start / 2**20:.0f} / {self.rss_peak / 2**20:.0f} /'
-            f' {self.rss_end / 2**20:.0f} | {self.fill:.2f} | {self.compiled:.0f} | '
+            f' {self.rss_end / 2**20:.0f} | {self.fill:.2f} | {self.busy:.2f} | '
+            f'{self.compiled:.0f} | '
             f'{"-" if self.mismatches is None else self.mismatches} |')
 
 
 HEADER = ('| server | phase | requests | failed | sentences/s | p50 ms | p95 ms | p99 ms | '
-          'RSS MiB start / peak / end | batch fill | compiled | not as decode.py |\n'
-          '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+          'RSS MiB start / peak / end | batch fill | busy | compiled | not as decode.py |\n'
+          '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
 
 
 def rss(pid: int) -> int:
@@ -174,6 +176,7 @@ def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], 
   after = metrics(port)
   batches = after['nmt_batch_fill_count'] - before['nmt_batch_fill_count']
   phase.fill = (after['nmt_batch_fill_sum'] - before['nmt_batch_fill_sum']) / max(batches, 1)
+  phase.busy = (after['nmt_batch_seconds_total'] - before['nmt_batch_seconds_total']) / phase.seconds
   phase.compiled = after['nmt_programs_compiled'] - before['nmt_programs_compiled']
   return phase
 

@@ -62,6 +62,9 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
     return [out[order.index(i)] for i in range(len(lines))]
   forward = list(range(len(lines)))
   reference, fine = run(4096, forward), list(widths)
+  assert len(fine) == 2  # the one batch the 12 lines fit, cut in two for the two threads
+  assert run(4096, forward, concurrent=1) == reference and len(widths) == 1
+  assert run(4096, forward, concurrent=3) == reference and len(widths) == 3
   assert run(24, forward) == reference  # many small batches
   assert run(24, forward, concurrent=1) == reference  # one batch at a time
   assert run(24, forward, concurrent=3) == reference
@@ -300,6 +303,24 @@ def test_precompile_that_cannot_store_fails_in_one_line(tiny_workdir, tmp_path, 
                       '--max_extra_len', '4', stdin=test_lines[0] + '\n')
   _clean_failure(result, f'--precompile: the programs could not be stored in {work / "programs"}')
   assert 'Not keeping compiled programs' in result.stderr
+
+
+def test_a_job_of_one_batch_is_cut_into_one_batch_per_thread():
+  from transformer_nmt.inference.batches import SPLIT_SENTENCES, split_for_threads
+  boundaries, sizes = [8, 16, 24, 32], [1, 2, 4, 8, 12, 16]
+  lengths = np.array([20, 3, 9, 5, 30, 7, 12, 4, 6, 11])
+  plans = data_lib.fill_batches(lengths, boundaries, 4096, sizes)
+  assert len(plans) == 1 and plans[0].rows == 12
+  parts = split_for_threads(plans, lengths, boundaries, sizes, threads=2)
+  # neighbouring lengths, equal counts, each part's rows and padded length from the grids
+  assert [p.examples.tolist() for p in parts] == [[1, 7, 3, 8, 5], [2, 9, 6, 0, 4]]
+  assert [(p.rows, p.length) for p in parts] == [(8, 8), (8, 32)]
+  assert len(split_for_threads(plans, lengths, boundaries, sizes, threads=3)) == 2  # 4 each
+  assert split_for_threads(plans, lengths, boundaries, sizes, threads=1) == plans
+  few = data_lib.fill_batches(lengths[:2 * SPLIT_SENTENCES - 1], boundaries, 4096, sizes)
+  assert split_for_threads(few, lengths, boundaries, sizes, threads=2) == few
+  many = data_lib.fill_batches(lengths, boundaries, 64, sizes)  # several batches already
+  assert len(many) > 1 and split_for_threads(many, lengths, boundaries, sizes, 2) == many
 
 
 def test_batches_in_threads_come_back_in_order_and_stop_with_the_caller():

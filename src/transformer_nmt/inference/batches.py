@@ -17,6 +17,10 @@ MIN_ROWS = 8
 # this: a lone sentence padded to 8 rows decodes 1.6x (Multi30k) to 3x (OPUS-MT's 58k
 # vocabulary) slower (bench/RESULTS.md, 'Small jobs: batches of as few rows as they need').
 START_ROWS = 1
+# A job that fits one batch is cut into one batch per decoding thread only where each part
+# keeps this many sentences: 4 sentences decoded as 2 + 2 were no faster (bench/RESULTS.md,
+# 'One batch on both cores').
+SPLIT_SENTENCES = 4
 
 
 def in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[Any]:
@@ -38,6 +42,24 @@ def in_order(fn: Callable[[int], Any], count: int, workers: int) -> Iterator[Any
     for future in pending:
       future.cancel()
     pool.shutdown(wait=True)
+
+
+def split_for_threads(plans: list[data_lib.BatchPlan], lengths: np.ndarray,
+                      boundaries: Sequence[int], sizes: Sequence[int],
+                      threads: int) -> list[data_lib.BatchPlan]:
+  """A job that fits one batch, cut into up to `threads` batches of neighbouring lengths
+  (equal counts of at least SPLIT_SENTENCES), so that that many threads decode it at once:
+  on a CPU one batch's small matrices leave the other core mostly idle (bench/RESULTS.md,
+  'One batch on both cores'). Each part's rows and padded length come from `sizes` and
+  `boundaries`, so its shape is one a larger batch of the job's plan could have. A job of
+  several batches already keeps the threads busy and is returned as it is."""
+  count = min(threads, len(plans[0].examples) // SPLIT_SENTENCES) if len(plans) == 1 else 1
+  if count < 2:
+    return plans
+  parts = np.array_split(plans[0].examples, count)
+  return [data_lib.BatchPlan(part, int(sizes[np.searchsorted(sizes, len(part))]),
+                             int(boundaries[np.searchsorted(boundaries, lengths[part].max())]))
+          for part in parts]
 
 
 def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int) -> np.ndarray:

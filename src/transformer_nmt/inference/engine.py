@@ -83,7 +83,9 @@ class Engine:
     engine with the same settings calls them without tracing (programs.py); `self.store`
     counts them. `concurrent_batches` batches are decoded at once, each by a thread of its
     own (0: 2 on a CPU, whose cores one batch's small matrices leave partly idle; 1 on an
-    accelerator); outputs do not depend on it."""
+    accelerator), and a job of one batch is cut into that many (batches.split_for_threads):
+    its sentences then share batches with others, which changes a rare translation on a CPU
+    unless `decode.batch_invariant`."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
     self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best)  # validates
@@ -159,8 +161,10 @@ class Engine:
     # Batch sizes from the compaction ladder (1, 2, 4, 8, 12, ...; the one-loop path: powers
     # of two): few shapes, and the same ones for every file.
     sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
-    plans = data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
-                                  min_rows=batches.START_ROWS)
+    plans = batches.split_for_threads(
+        data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
+                              min_rows=batches.START_ROWS),
+        lengths, boundaries, sizes, self.concurrent_batches)
 
     def decode(i: int) -> np.ndarray:
       """Batch i's output ids [rows, (N,) L]."""
