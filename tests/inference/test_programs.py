@@ -238,7 +238,9 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   again._batch = counted
   with compiles:
     got = [again.translate(job) for job in jobs]
-  assert rows == [1, 4, 8]  # as few rows as hold the job's lines (batches.START_ROWS)
+  # as few rows as hold the job's lines (batches.START_ROWS); the 8 lines, one batch, run as
+  # one batch of 4 per decoding thread (batches.split_for_threads)
+  assert rows == [1, 4, 4, 4] and again.concurrent_batches == 2
   assert len(again._translate.decoder.rows_per_chunk) > 2  # a stage after the first 2 chunks
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
   plain = Engine(loaded, decode)
