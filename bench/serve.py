@@ -92,7 +92,7 @@ class Phase:
 
 HEADER = ('| server | phase | requests | failed | sentences/s | p50 ms | p95 ms | p99 ms | '
           'RSS MiB start / peak / end | batch fill | busy | compiled | not as decode.py |\n'
-          '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+          '| --- | --- |' + ' ---: |' * 11)
 
 
 def rss(pid: int) -> int:
@@ -176,7 +176,8 @@ def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], 
   after = metrics(port)
   batches = after['nmt_batch_fill_count'] - before['nmt_batch_fill_count']
   phase.fill = (after['nmt_batch_fill_sum'] - before['nmt_batch_fill_sum']) / max(batches, 1)
-  phase.busy = (after['nmt_batch_seconds_total'] - before['nmt_batch_seconds_total']) / phase.seconds
+  busy = after['nmt_batch_seconds_total'] - before['nmt_batch_seconds_total']
+  phase.busy = busy / phase.seconds
   phase.compiled = after['nmt_programs_compiled'] - before['nmt_programs_compiled']
   return phase
 
