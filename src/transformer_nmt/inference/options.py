@@ -134,8 +134,9 @@ def define_model_flags() -> None:
                        'to 8 per core); N: at most N. Fewer heaps fragment less (measurements: '
                        'docs/decoding.md).')
   flags.DEFINE_integer('concurrent_batches', 0, 'Batches decoded at once, each by a thread (0: '
-                       '2 on a CPU, 1 on an accelerator); the outputs are the same for any '
-                       'value.')
+                       '2 on a CPU, 1 on an accelerator); a job of one batch is cut into this '
+                       'many, so on a CPU a rare translation depends on the value unless '
+                       '--batch_invariant.')
 
 
 def model_options() -> ModelOptions:
