@@ -84,7 +84,7 @@ class Engine:
     counts them. `concurrent_batches` batches are decoded at once, each by a thread of its
     own (0: 2 on a CPU, whose cores one batch's small matrices leave partly idle; 1 on an
     accelerator), and a job of one batch is cut into that many (batches.split_for_threads):
-    its sentences then share batches with others, which changes a rare translation on a CPU
+    the batches' make-up thus depends on it, which changes a rare translation on a CPU
     unless `decode.batch_invariant`."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
