@@ -25,6 +25,7 @@ import time
 
 import jax
 import numpy as np
+import side_by_side
 from absl import app, flags
 
 from transformer_nmt.data.batching import read_lines
@@ -74,42 +75,12 @@ def ranges(values: list[int], counts: list[int]) -> str:
   return ', '.join(out) or 'none'
 
 
-def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
-  """Consecutive groups of 1-16 lines (seeded sizes)."""
-  sizes = np.random.default_rng(0).integers(1, 17, len(lines))
-  groups, start = [], 0
-  for size in sizes:
-    if start < len(lines):
-      groups.append(lines[start:start + size])
-      start += size
-  return groups
-
-
 def price(engine: Engine, lines: list[str], rounds: int) -> None:
   """Part 3: both settings of decode.batch_invariant, alternating; prints a table."""
   engines = {on: Engine(engine.model, dataclasses.replace(engine.decode, batch_invariant=on))
-             for on in (False, True)}
-  groups = groups_of_1_to_16(lines)
-  ways = {'whole list': lambda e: e.translate(lines),
-          'groups of 1-16': lambda e: [t for g in groups for t in e.translate(g)]}
-  outputs = {on: ways['whole list'](e) for on, e in engines.items()}  # compiles
-  for e in engines.values():
-    ways['groups of 1-16'](e)
-  best = {}
-  for _ in range(rounds):
-    for name, way in ways.items():
-      for on, e in engines.items():
-        start_time = time.perf_counter()
-        way(e)
-        seconds = time.perf_counter() - start_time
-        best[name, on] = min(best.get((name, on), seconds), seconds)
-  print(f'\n{len(lines)} lines, {len(groups)} groups, fastest of {rounds} rounds\n\n'
-        '| way | batch_invariant s | without s | ratio |\n| --- | ---: | ---: | ---: |')
-  for name in ways:
-    print(f'| {name} | {best[name, True]:.2f} | {best[name, False]:.2f} | '
-          f'{best[name, True] / best[name, False]:.2f}x |')
-  print(f'lines translated differently by the two settings: '
-        f'{sum(a != b for a, b in zip(outputs[False], outputs[True]))}')
+             for on in (True, False)}
+  side_by_side.compare({'batch_invariant': engines[True].translate,
+                        'without': engines[False].translate}, lines, rounds)
 
 
 def main(_):
@@ -128,7 +99,7 @@ def main(_):
     print(f'| K {k}, N {n} | {ranges(differ, counts)} |')
 
   lines = read_lines(_INPUT.value)[:_LINES.value]
-  groups = groups_of_1_to_16(lines)
+  groups = side_by_side.groups_of_1_to_16(lines)
   ways = {'whole list': lambda: engine.translate(lines),
           'groups of 1-16': lambda: [t for g in groups for t in engine.translate(g)],
           'one at a time': lambda: [engine.translate([line])[0] for line in lines]}

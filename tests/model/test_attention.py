@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding import beam, compaction
 from transformer_nmt.model import attention
 
 
@@ -106,6 +107,43 @@ def test_bfloat16_kv_cache_keeps_bit_patterns_and_attends_as_bfloat16():
   np.testing.assert_array_equal(  # the stored bits are exactly the bfloat16 keys
       np.asarray(jax.lax.bitcast_convert_type(cache.k[..., :3], jnp.bfloat16), np.float32),
       as_bf16(keys).transpose(0, 2, 3, 1))
+
+def test_beam_reorders_move_slots_and_attend_as_moved_keys_would():
+  """A beam cache keeps each position in the row that wrote it and reorders only its slots;
+  every step attends exactly as a cache whose keys and values are gathered (beam.gather_beams
+  over a cache without slots), through the first step's tiling, growth and compaction."""
+  rng = np.random.default_rng(0)
+  sentences, beams, h, d = 3, 3, 2, 4
+  moved = kept = attention.KVCache.zeros(sentences, 3, h, d, jnp.bfloat16)
+
+  def step(moved, kept, rows):
+    k, v, q = (jnp.asarray(rng.normal(size=(rows, 1, h, d)), jnp.float32) for _ in range(3))
+    moved, kept = moved.append(k, v), kept.append(k, v)
+    q = q.astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(kept.attend(kept.attention_weights(q)), np.float32),
+                                  np.asarray(moved.attend(moved.attention_weights(q)), np.float32))
+    return moved, kept
+
+  def reorder(moved, kept, parents):
+    gather = lambda tree: beam.gather_beams(tree, jnp.asarray(parents))  # noqa: E731
+    reordered = kept.reorder(gather)
+    if kept.slots is not None:
+      np.testing.assert_array_equal(reordered.k, kept.k)  # the keys stay where they are
+    return gather(moved), reordered
+
+  moved, kept = step(moved, kept, sentences)  # the first step, on one hypothesis each
+  moved, kept = reorder(moved, kept, np.zeros((sentences, beams), np.int32))
+  assert kept.beams == beams and kept.slots.shape == (sentences * beams, 3)
+  for t in range(6):
+    if t == 2:
+      moved, kept = moved.resize(8), kept.resize(8)
+    if t == 4:  # compaction keeps sentences 0 and 2
+      take = lambda c: compaction.take_rows(c, np.array([0, 2]), sentences, beams)  # noqa: E731
+      moved, kept, sentences = take(moved), take(kept), 2
+    moved, kept = step(moved, kept, sentences * beams)
+    moved, kept = reorder(moved, kept, rng.integers(0, beams, (sentences, beams)))
+  assert len(set(np.asarray(kept.slots)[:, :7].ravel().tolist())) > 1  # beams did move
+
 
 def test_multi_head_attention_projections_and_shape():
   cfg = ModelConfig(d_model=16, num_heads=4, d_ff=32, num_layers=1, vocab_size=8)

@@ -6,7 +6,7 @@ Masks are boolean, True where attention is allowed, broadcastable to [B, H, T, S
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -121,11 +121,19 @@ class KVCache:
   twice their bytes; integers it leaves alone. Same values, same outputs, a lower peak on
   test2016 (bench/RESULTS.md, 'Time to translation'; measured on a CPU only, and the
   bitcasts cost nothing elsewhere).
+
+  In beam search (`beams` K > 1, rows B = sentences x K) a hypothesis' keys and values stay in
+  the row that wrote them: slots [B, L_max] int32 says which of its sentence's K rows holds
+  each position of the hypothesis, and a reorder of the beams moves only these indices
+  (`reorder`), not every layer's keys and values at every step. Reading gathers each position
+  from its row (`_own_rows`), in the pass that already widens the bits to float32.
   """
 
   k: jax.Array
   v: jax.Array
   index: jax.Array
+  slots: Optional[jax.Array] = None
+  beams: int = flax.struct.field(pytree_node=False, default=1)
 
   @classmethod
   def zeros(cls, batch: int, max_len: int, num_heads: int, head_dim: int,
@@ -142,18 +150,65 @@ class KVCache:
     """Writes k, v: [B, 1, H, Dh] at `index` and advances it."""
     k_t = _to_stored(jnp.transpose(k, (0, 2, 3, 1)), self.k.dtype)  # [B, H, Dh, 1]
     v_t = _to_stored(jnp.swapaxes(v, 1, 2), self.v.dtype)  # [B, H, 1, Dh]
-    return KVCache(jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=3),
-                   jax.lax.dynamic_update_slice_in_dim(self.v, v_t, self.index, axis=2),
-                   self.index + 1)
+    slots = self.slots
+    if slots is not None:  # each row writes its own hypothesis' position
+      slots = jax.lax.dynamic_update_slice_in_dim(slots, self._own_slot()[:, None], self.index,
+                                                  axis=1)
+    return self.replace(k=jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=3),
+                        v=jax.lax.dynamic_update_slice_in_dim(self.v, v_t, self.index, axis=2),
+                        index=self.index + 1, slots=slots)
 
   def resize(self, length: int) -> KVCache:
-    """The cache with room for `length` positions: cut, or extended with zeros."""
+    """The cache with room for `length` positions: cut, or extended with zeros (slot 0, a
+    row of the hypothesis' own sentence)."""
     extra = length - self.length
     if extra <= 0:
-      return KVCache(self.k[..., :length], self.v[:, :, :length], self.index)
+      slots = None if self.slots is None else self.slots[:, :length]
+      return self.replace(k=self.k[..., :length], v=self.v[:, :, :length], slots=slots)
     none = (0, 0)
-    return KVCache(jnp.pad(self.k, (none, none, none, (0, extra))),
-                   jnp.pad(self.v, (none, none, (0, extra), none)), self.index)
+    slots = None if self.slots is None else jnp.pad(self.slots, (none, (0, extra)))
+    return self.replace(k=jnp.pad(self.k, (none, none, none, (0, extra))),
+                        v=jnp.pad(self.v, (none, none, (0, extra), none)), slots=slots)
+
+  def tile(self, beams: int) -> KVCache:
+    """Each row [B, ...] repeated for `beams` hypotheses -> [B*beams, ...], each holding its
+    own positions."""
+    tiled = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x,
+                                   self.replace(slots=None))
+    return tiled._with_own_slots(beams)
+
+  def reorder(self, gather: Callable[[jax.Array], jax.Array]) -> KVCache:
+    """Beam search's reorder: `gather` maps per-hypothesis rows [B*K', ...] to [B*K, ...]
+    (beam.gather_beams). Only the slots move; a cache of one hypothesis per sentence
+    (K' = 1: the search's first step) is tiled to K rows."""
+    if self.slots is not None:
+      return self.replace(slots=gather(self.slots))
+    k, v = gather(self.k), gather(self.v)
+    return self.replace(k=k, v=v)._with_own_slots(k.shape[0] // self.k.shape[0])
+
+  def _with_own_slots(self, beams: int) -> KVCache:
+    """Every position held by the row itself (beams > 1), or no slots."""
+    if beams == 1:
+      return self.replace(slots=None, beams=1)
+    rows = self.k.shape[0]
+    slots = jnp.broadcast_to((jnp.arange(rows, dtype=jnp.int32) % beams)[:, None],
+                             (rows, self.length))
+    return self.replace(slots=slots, beams=beams)
+
+  def _own_slot(self) -> jax.Array:
+    """[B] each row's place among its sentence's K rows."""
+    return jnp.arange(self.k.shape[0], dtype=jnp.int32) % self.beams
+
+  def _own_rows(self, x: jax.Array, length_axis: int) -> jax.Array:
+    """x [B, ...] (k or v) with each hypothesis' positions gathered from the rows of its
+    sentence that hold them (`slots`); x itself without slots."""
+    if self.slots is None:
+      return x
+    rows, beams = x.shape[0], self.beams
+    grouped = x.reshape((rows // beams, beams) + x.shape[1:])  # [B/K, K, ...]
+    shape = [rows // beams, beams] + [1] * (x.ndim - 1)
+    shape[length_axis + 1] = self.length
+    return jnp.take_along_axis(grouped, self.slots.reshape(shape), axis=1).reshape(x.shape)
 
   def valid_mask(self) -> jax.Array:
     """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
@@ -163,12 +218,13 @@ class KVCache:
     """Eq. 1's weights of one query per row over the positions written: q [B, 1, H, Dh] ->
     float32 [B, H, 1, L_max] (zero at unwritten positions)."""
     q = q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5  # [B, H, Dh]
-    logits = jnp.einsum('bhd,bhdl->bhl', q, _float32(self.k))[:, :, None]
+    logits = jnp.einsum('bhd,bhdl->bhl', q, _float32(self._own_rows(self.k, 3)))[:, :, None]
     return _masked_softmax(logits, self.valid_mask())
 
   def attend(self, probs: jax.Array) -> jax.Array:
     """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]."""
-    out = jnp.sum(probs[:, :, 0, :, None] * _float32(self.v), axis=2)  # [B, H, Dh]
+    out = jnp.sum(probs[:, :, 0, :, None] * _float32(self._own_rows(self.v, 2)),
+                  axis=2)  # [B, H, Dh]
     return out[:, None].astype(value_dtype(self.v.dtype))
 
 

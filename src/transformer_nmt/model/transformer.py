@@ -128,13 +128,12 @@ class DecoderCache:
   def reorder_beams(self, gather: Callable[[Any], Any]) -> DecoderCache:
     """Beam search's reordering: only the self-attention K/V differ between the beams of a
     sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
-    return self.replace(self_attention=gather(self.self_attention))
+    return self.replace(self_attention=tuple(kv.reorder(gather) for kv in self.self_attention))
 
   def tile_beams(self, beam_size: int) -> DecoderCache:
     """Beam search's K copies of each row, of the self-attention caches only: decode_step's
     cross-attention lets the K beams of a sentence share its cross-attention K/V and mask."""
-    tile = lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x  # noqa: E731
-    return self.replace(self_attention=jax.tree_util.tree_map(tile, self.self_attention))
+    return self.replace(self_attention=tuple(kv.tile(beam_size) for kv in self.self_attention))
 
   def resize(self, length: int) -> DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""

@@ -1,0 +1,49 @@
+"""Two ways of translating the same lines, timed side by side in one process (this machine
+is noisy: only ratios measured together mean something). Used by batch_invariance.py and
+beam_cache.py."""
+
+import time
+from typing import Callable
+
+import numpy as np
+
+Translate = Callable[[list[str]], list[str]]
+
+
+def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
+  """Consecutive groups of 1-16 lines (seeded sizes): a server's requests."""
+  sizes = np.random.default_rng(0).integers(1, 17, len(lines))
+  groups, start = [], 0
+  for size in sizes:
+    if start < len(lines):
+      groups.append(lines[start:start + size])
+      start += size
+  return groups
+
+
+def compare(translators: dict[str, Translate], lines: list[str], rounds: int) -> None:
+  """Prints the fastest of `rounds` alternating rounds of each translator on all `lines` at
+  once and on their groups of 1-16 (after one round that compiles), the ratio first / second,
+  and how many lines the two translate differently."""
+  (first, a), (second, b) = translators.items()
+  groups = groups_of_1_to_16(lines)
+  ways = {'whole list': lambda t: t(lines),
+          'groups of 1-16': lambda t: [out for g in groups for out in t(g)]}
+  outputs = {name: ways['whole list'](t) for name, t in translators.items()}  # compiles
+  for t in translators.values():
+    ways['groups of 1-16'](t)
+  best: dict[tuple[str, str], float] = {}
+  for _ in range(rounds):
+    for way_name, way in ways.items():
+      for name, t in translators.items():
+        start_time = time.perf_counter()
+        way(t)
+        seconds = time.perf_counter() - start_time
+        best[way_name, name] = min(best.get((way_name, name), seconds), seconds)
+  print(f'\n{len(lines)} lines, {len(groups)} groups, fastest of {rounds} rounds\n\n'
+        f'| way | {first} s | {second} s | ratio |\n| --- | ---: | ---: | ---: |')
+  for way_name in ways:
+    x, y = best[way_name, first], best[way_name, second]
+    print(f'| {way_name} | {x:.2f} | {y:.2f} | {x / y:.2f}x |')
+  print('lines translated differently by the two: '
+        f'{sum(p != q for p, q in zip(outputs[first], outputs[second]))}')
