@@ -143,6 +143,9 @@ def test_beam_reorders_move_slots_and_attend_as_moved_keys_would():
     moved, kept = step(moved, kept, sentences * beams)
     moved, kept = reorder(moved, kept, rng.integers(0, beams, (sentences, beams)))
   assert len(set(np.asarray(kept.slots)[:, :7].ravel().tolist())) > 1  # beams did move
+  moved, kept = beam.tile_beams(moved, 2), kept.tile(2)  # tiling reads each row's own keys
+  assert kept.beams == 2
+  step(moved, kept, sentences * beams * 2)
 
 
 def test_multi_head_attention_projections_and_shape():

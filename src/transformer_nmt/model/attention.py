@@ -171,10 +171,10 @@ class KVCache:
                         v=jnp.pad(self.v, (none, none, (0, extra), none)), slots=slots)
 
   def tile(self, beams: int) -> KVCache:
-    """Each row [B, ...] repeated for `beams` hypotheses -> [B*beams, ...], each holding its
-    own positions."""
-    tiled = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x,
-                                   self.replace(slots=None))
+    """Each row's hypothesis [B, ...] repeated for `beams` hypotheses -> [B*beams, ...], each
+    holding its own positions."""
+    own = self.replace(k=self._own_rows(self.k, 3), v=self._own_rows(self.v, 2), slots=None)
+    tiled = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, own)
     return tiled._with_own_slots(beams)
 
   def reorder(self, gather: Callable[[jax.Array], jax.Array]) -> KVCache:
