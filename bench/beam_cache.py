@@ -15,7 +15,7 @@ from absl import app, flags
 
 from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.model.attention import KVCache
+from transformer_nmt.model import attention
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
@@ -25,13 +25,14 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternating rounds (after one to co
 
 @contextlib.contextmanager
 def keys_and_values_moved() -> Iterator[None]:
-  """Caches traced meanwhile keep no slots, so each reorder gathers k and v (KVCache.reorder)."""
-  with_slots = KVCache._with_own_slots
-  KVCache._with_own_slots = lambda cache, beams: cache.replace(slots=None, beams=1)
+  """Caches traced meanwhile keep no slots, so each reorder gathers k and v (KVCache.reorder),
+  as on an accelerator."""
+  on_cpu = attention.slots_by_default
+  attention.slots_by_default = lambda: False
   try:
     yield
   finally:
-    KVCache._with_own_slots = with_slots
+    attention.slots_by_default = on_cpu
 
 
 def main(_):

@@ -134,6 +134,7 @@ def test_beam_reorders_move_slots_and_attend_as_moved_keys_would():
   moved, kept = step(moved, kept, sentences)  # the first step, on one hypothesis each
   moved, kept = reorder(moved, kept, np.zeros((sentences, beams), np.int32))
   assert kept.beams == beams and kept.slots.shape == (sentences * beams, 3)
+  assert moved.tile(beams, slots=False).slots is None  # an accelerator's program moves k, v
   for t in range(6):
     if t == 2:
       moved, kept = moved.resize(8), kept.resize(8)

@@ -122,11 +122,12 @@ class KVCache:
   test2016 (bench/RESULTS.md, 'Time to translation'; measured on a CPU only, and the
   bitcasts cost nothing elsewhere).
 
-  In beam search (`beams` K > 1, rows B = sentences x K) a hypothesis' keys and values stay in
-  the row that wrote them: slots [B, L_max] int32 says which of its sentence's K rows holds
-  each position of the hypothesis, and a reorder of the beams moves only these indices
-  (`reorder`), not every layer's keys and values at every step. Reading gathers each position
-  from its row (`_own_rows`), in the pass that already widens the bits to float32.
+  In beam search on a CPU (`beams` K > 1, rows B = sentences x K; `slots_by_default`) a
+  hypothesis' keys and values stay in the row that wrote them: slots [B, L_max] int32 says
+  which of its sentence's K rows holds each position of the hypothesis, and a reorder of the
+  beams moves only these indices (`reorder`), not every layer's keys and values at every step.
+  Reading gathers each position from its row (`_own_rows`), in the pass that already widens
+  the bits to float32.
   """
 
   k: jax.Array
@@ -170,12 +171,13 @@ class KVCache:
     return self.replace(k=jnp.pad(self.k, (none, none, none, (0, extra))),
                         v=jnp.pad(self.v, (none, none, (0, extra), none)), slots=slots)
 
-  def tile(self, beams: int) -> KVCache:
+  def tile(self, beams: int, slots: Optional[bool] = None) -> KVCache:
     """Each row's hypothesis [B, ...] repeated for `beams` hypotheses -> [B*beams, ...], each
-    holding its own positions."""
+    holding its own positions; with `slots` (default: `slots_by_default()`) reorders will
+    move slots only."""
     own = self.replace(k=self._own_rows(self.k, 3), v=self._own_rows(self.v, 2), slots=None)
     tiled = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, own)
-    return tiled._with_own_slots(beams)
+    return tiled._with_own_slots(beams, slots)
 
   def reorder(self, gather: Callable[[jax.Array], jax.Array]) -> KVCache:
     """Beam search's reorder: `gather` maps per-hypothesis rows [B*K', ...] to [B*K, ...]
@@ -186,9 +188,10 @@ class KVCache:
     k, v = gather(self.k), gather(self.v)
     return self.replace(k=k, v=v)._with_own_slots(k.shape[0] // self.k.shape[0])
 
-  def _with_own_slots(self, beams: int) -> KVCache:
-    """Every position held by the row itself (beams > 1), or no slots."""
-    if beams == 1:
+  def _with_own_slots(self, beams: int, slots: Optional[bool] = None) -> KVCache:
+    """Every position held by the row itself (beams > 1 and `slots`, default:
+    `slots_by_default()`), or no slots."""
+    if beams == 1 or not (slots_by_default() if slots is None else slots):
       return self.replace(slots=None, beams=1)
     rows = self.k.shape[0]
     slots = jnp.broadcast_to((jnp.arange(rows, dtype=jnp.int32) % beams)[:, None],
@@ -226,6 +229,14 @@ class KVCache:
     out = jnp.sum(probs[:, :, 0, :, None] * _float32(self._own_rows(self.v, 2)),
                   axis=2)  # [B, H, Dh]
     return out[:, None].astype(value_dtype(self.v.dtype))
+
+
+def slots_by_default() -> bool:
+  """Whether beam caches keep slots (KVCache) when not told: on XLA:CPU, where moving every
+  layer's keys and values at every step cost more than gathering them as they are read
+  (bench/RESULTS.md, 'Beam reorder by slots'). A TPU's compiler estimates the opposite for
+  its decoder step, so accelerators move them, and aot.py compiles that program."""
+  return jax.default_backend() == 'cpu'
 
 
 def stored_dtype(dtype: jnp.dtype) -> jnp.dtype:

@@ -130,10 +130,12 @@ class DecoderCache:
     sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
     return self.replace(self_attention=tuple(kv.reorder(gather) for kv in self.self_attention))
 
-  def tile_beams(self, beam_size: int) -> DecoderCache:
+  def tile_beams(self, beam_size: int, slots: Optional[bool] = None) -> DecoderCache:
     """Beam search's K copies of each row, of the self-attention caches only: decode_step's
-    cross-attention lets the K beams of a sentence share its cross-attention K/V and mask."""
-    return self.replace(self_attention=tuple(kv.tile(beam_size) for kv in self.self_attention))
+    cross-attention lets the K beams of a sentence share its cross-attention K/V and mask.
+    `slots`: see KVCache.tile."""
+    return self.replace(self_attention=tuple(kv.tile(beam_size, slots)
+                                             for kv in self.self_attention))
 
   def resize(self, length: int) -> DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
