@@ -25,7 +25,7 @@ def compare(translators: dict[str, Translate], lines: list[str], rounds: int) ->
   """Prints the fastest of `rounds` alternating rounds of each translator on all `lines` at
   once and on their groups of 1-16 (after one round that compiles), the ratio first / second,
   and how many lines the two translate differently."""
-  (first, a), (second, b) = translators.items()
+  first, second = translators
   groups = groups_of_1_to_16(lines)
   ways = {'whole list': lambda t: t(lines),
           'groups of 1-16': lambda t: [out for g in groups for out in t(g)]}
