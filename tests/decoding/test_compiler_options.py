@@ -39,10 +39,16 @@ def test_off_or_chosen_by_xla_flags(monkeypatch):
 
 @pytest.mark.parametrize('batch_invariant', [False, True])
 def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_invariant):
-  """Each program the engine makes (translation and scoring) gets the setting's options."""
+  """Each program the engine makes (translation and scoring) gets the setting's options, and
+  the model they trace writes its sums as halvings exactly when those options leave sums to
+  XLA (ModelConfig.halving_sums)."""
   from transformer_nmt.inference import engine as engine_lib
 
-  seen = []
+  seen, models = [], []
+  for name in ('Scorer', 'CompactingTranslate'):
+    real = getattr(engine_lib, name)
+    monkeypatch.setattr(engine_lib, name, lambda cfg, *a, real=real, **kw: (
+        models.append(cfg), real(cfg, *a, **kw))[1])
 
   def recording_jit(fn, name, static_argnums=(), donate_argnums=(), compiler_options=None):
     seen.append((name, compiler_options))
@@ -53,3 +59,5 @@ def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_
   engine_lib.Engine(loaded, decode)
   assert seen
   assert all(options == compiler_options(batch_invariant) for _, options in seen), seen
+  assert len(models) == 1 + decode.compact
+  assert all(cfg.halving_sums == batch_invariant for cfg in models), models

@@ -24,13 +24,14 @@ from transformer_nmt.decoding.search import (
   LogitsFn,
   Prefix,
   Search,
-  compiler_options,
   constrain,
   decode_loop,
+  halving_sums,
   padded_length,
 )
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.topk import top_k
+from transformer_nmt.model import sums
 from transformer_nmt.model.attention import NEG_INF
 
 
@@ -100,11 +101,12 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
          eos_id: int, stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
-         no_repeat_ngram: int = DECODE.no_repeat_ngram, elementwise_max: bool = False
+         no_repeat_ngram: int = DECODE.no_repeat_ngram, halving_sums: bool = False
          ) -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished (under
   the output controls of `search.constrain`); a state of one beam per row becomes one of K.
-  `elementwise_max`: see topk.top_k."""
+  `halving_sums` (search.halving_sums): the logsumexp of model/sums.py and block maxima taken
+  elementwise (topk.top_k)."""
   batch, width, length = s.seqs.shape  # width: 1 for a state begun on one beam, else K
   k = s.scores.shape[1]
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, width]
@@ -113,7 +115,8 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   logits = logits.astype(jnp.float32)
   # The model's own log-probabilities: banned tokens drop out, the others are not renormalised
   # (as in fairseq), so scores stay those of forced decoding.
-  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # [B*width, 1]
+  logsumexp = sums.logsumexp if halving_sums else jax.nn.logsumexp
+  lse = logsumexp(logits, axis=-1, keepdims=True)  # [B*width, 1]
   model_logits = logits
   if min_len or no_repeat_ngram:
     logits = constrain(logits, s.seqs.reshape(batch * width, length), s.t, at_limit,
@@ -123,7 +126,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
     only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
     logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
-  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, elementwise_max)
+  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, halving_sums)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, width, -1)).reshape(batch, -1)
   if total.shape[1] < 2 * k:  # one beam over fewer than 2K tokens: impossible extensions
     total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
@@ -215,8 +218,7 @@ def beam(spec: SearchSpec, length: int) -> Search:
   controls; its `init` tiles the cache to K beams. With `spec.n_best` > 1 its result is
   [B, N, L] (see `result`)."""
   d, k = spec.decode, spec.decode.beam_size
-  # Programs summing without YNNPACK (decode.batch_invariant) take block maxima elementwise.
-  elementwise_max = bool(compiler_options(d.batch_invariant))
+  halving = halving_sums(d.batch_invariant)
   return Search(
       k,
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,
@@ -225,7 +227,7 @@ def beam(spec: SearchSpec, length: int) -> Search:
                                           bos_id=spec.bos_id, eos_id=spec.eos_id,
                                           stop=d.beam_stop, min_len=d.min_len,
                                           no_repeat_ngram=d.no_repeat_ngram,
-                                          elementwise_max=elementwise_max),
+                                          halving_sums=halving),
       lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
       lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,

@@ -27,11 +27,14 @@ Models = Union[ModelConfig, Sequence[ModelConfig]]  # one model, or an ensemble'
 def with_dtype(cfg: Models, dtype: Optional[str]) -> Models:
   """The model(s) computing in `dtype` ('float32' or 'bfloat16'; None: unchanged). Only the
   compute precision changes: the parameters stay as trained."""
-  if dtype is None:
-    return cfg
+  return cfg if dtype is None else each(cfg, dtype=dtype)
+
+
+def each(cfg: Models, **changes: Any) -> Models:
+  """The model(s) with `changes` made to every member's ModelConfig."""
   if isinstance(cfg, ModelConfig):
-    return dataclasses.replace(cfg, dtype=dtype)
-  return tuple(dataclasses.replace(c, dtype=dtype) for c in cfg)
+    return dataclasses.replace(cfg, **changes)
+  return tuple(dataclasses.replace(c, **changes) for c in cfg)
 
 
 def kernels_as_computed(cfg: Models, params: Any) -> Any:

@@ -61,6 +61,13 @@ def compiler_options(batch_invariant: bool) -> dict[str, str]:
   return {_YNN_FUSIONS: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT'}
 
 
+def halving_sums(batch_invariant: bool) -> bool:
+  """Whether the programs `compiler_options` gives sum without YNNPACK, and so should write
+  their sums and maxima as model/sums.py does (ModelConfig.halving_sums; the search's
+  logsumexp and top-k block maxima): XLA's own reduction loops run slowly otherwise."""
+  return bool(compiler_options(batch_invariant))
+
+
 @runtime_checkable
 class GrowingCache(Protocol):
   """A decoder cache that can change its number of positions (`decode_loop` grows it in
@@ -253,8 +260,7 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
   `rng`), into outputs of `length` positions (see `greedy_search`), under the output
   controls of `constrain`."""
   d, bos_id, eos_id, pad_id = spec.decode, spec.bos_id, spec.eos_id, spec.pad_id
-  # Programs summing without YNNPACK (decode.batch_invariant) take block maxima elementwise.
-  elementwise_max = bool(compiler_options(d.batch_invariant))
+  elementwise_max = halving_sums(d.batch_invariant)  # block maxima (topk.top_k)
 
   def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
     if spec.sampling and rng is None:

@@ -22,7 +22,7 @@ from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
-from transformer_nmt.decoding.search import compiler_options, plain_jit
+from transformer_nmt.decoding.search import compiler_options, halving_sums, plain_jit
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.errors import ConfigError
@@ -103,18 +103,20 @@ class Engine:
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if self.spec.sampling else None
+    # Programs summing without YNNPACK write their sums as halvings (model/sums.py)
+    cfg = ensemble.each(model.cfg, halving_sums=halving_sums(d.batch_invariant))
     self.store = None if programs is None else ProgramStore(programs, identity(
-        models=model.cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
+        models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
     jit = functools.partial(plain_jit if self.store is None else self.store.jit,
                             compiler_options=compiler_options(d.batch_invariant))
     if d.compact:
-      self._translate = CompactingTranslate(model.cfg, searched, min_rows=batches.MIN_ROWS,
+      self._translate = CompactingTranslate(cfg, searched, min_rows=batches.MIN_ROWS,
                                             jit=jit)
     else:
       self._translate = jit(lambda params, src, segments, rng=None, prefix=None: translate(
-          model.cfg, params, src, segments, searched, rng=rng, prefix=prefix), 'translate')
-    self.scorer = Scorer(model.cfg, bos_id=tgt.bos_id, pad_id=tgt.pad_id,
+          cfg, params, src, segments, searched, rng=rng, prefix=prefix), 'translate')
+    self.scorer = Scorer(cfg, bos_id=tgt.bos_id, pad_id=tgt.pad_id,
                          tokens_per_batch=d.tokens_per_batch, max_input_len=d.max_input_len,
                          length_growth=d.length_growth, jit=jit)
 

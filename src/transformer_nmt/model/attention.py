@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.model import one_step
+from transformer_nmt.model import one_step, sums
 from transformer_nmt.model.dropout import dropout
 from transformer_nmt.model.precision import Dense
 
@@ -24,7 +24,7 @@ NEG_INF = -1.0e9
 
 
 def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array], *,
-                      one_query: bool = False) -> jax.Array:
+                      one_query: bool = False, halving: bool = False) -> jax.Array:
   """softmax(Q K^T / sqrt(d_k)) of eq. 1 as float32 probabilities [B, H, T, S].
 
   A query row whose keys are all masked (a padding position) gets all-zero weights, never NaN.
@@ -36,36 +36,40 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array], *,
     mask: bool, broadcastable to [B, H, T, S] (or to k's rows); None means attend everywhere.
     one_query: T = 1, a decoding step (the decoder's `step` says so): computed by the
       one_step.py kernels, the same values as the einsum, several times faster on XLA CPU.
+    halving: sums as model/sums.py adds them (ModelConfig.halving_sums).
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
   if one_query:
-    logits = one_step.one_query_logits(q * scale, k)  # [B, H, 1, S]
+    logits = one_step.one_query_logits(q * scale, k, halving)  # [B, H, 1, S]
     if mask is not None and mask.shape[0] not in (1, q.shape[0]):  # per key row: per query row
       mask = jnp.repeat(mask, q.shape[0] // mask.shape[0], axis=0)
   else:
     logits = jnp.einsum('bthd,bshd->bhts', q * scale, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, S]
-  return _masked_softmax(logits, mask)
+  return _masked_softmax(logits, mask, halving)
 
 
-def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+def _masked_softmax(logits: jax.Array, mask: Optional[jax.Array],
+                    halving: bool = False) -> jax.Array:
+  softmax = sums.softmax if halving else jax.nn.softmax
   if mask is None:
-    return jax.nn.softmax(logits, axis=-1)
-  probs = jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1)
+    return softmax(logits, axis=-1)
+  probs = softmax(jnp.where(mask, logits, NEG_INF), axis=-1)
   return jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
 
 
 def apply_attention(probs: jax.Array, v: jax.Array, *, dropout_rng: Optional[jax.Array] = None,
                     dropout_rate: float = 0.0, dropout_bits: int = 16,
-                    one_query: bool = False) -> jax.Array:
+                    one_query: bool = False, halving: bool = False) -> jax.Array:
   """probs [B, H, T, S] @ v [B, S, H, Dh] -> [B, T, H, Dh], with dropout on the weights
   (tensor2tensor's attention dropout, drawn as model/dropout.py does) when `dropout_rng` is
   given. With `one_query` (T = 1), v may be shared by groups of rows as in
-  `attention_weights`, and the one_step.py kernel computes it."""
+  `attention_weights`, and the one_step.py kernel computes it (`halving`: its sums as
+  model/sums.py adds them)."""
   if dropout_rng is not None and dropout_rate > 0.0:
     probs = dropout(dropout_rng, probs, dropout_rate, dropout_bits)
   if one_query:
-    return one_step.one_query_values(probs, v)
+    return one_step.one_query_values(probs, v, halving)
   return jnp.einsum('bhts,bshd->bthd', probs.astype(v.dtype), v)
 
 
@@ -217,17 +221,22 @@ class KVCache:
     """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
     return (jnp.arange(self.length) < self.index)[None, None, None, :]
 
-  def attention_weights(self, q: jax.Array) -> jax.Array:
+  def attention_weights(self, q: jax.Array, halving: bool = False) -> jax.Array:
     """Eq. 1's weights of one query per row over the positions written: q [B, 1, H, Dh] ->
-    float32 [B, H, 1, L_max] (zero at unwritten positions)."""
+    float32 [B, H, 1, L_max] (zero at unwritten positions). `halving`: the softmax's sums
+    as model/sums.py adds them."""
     q = q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5  # [B, H, Dh]
     logits = jnp.einsum('bhd,bhdl->bhl', q, _float32(self._own_rows(self.k, 3)))[:, :, None]
-    return _masked_softmax(logits, self.valid_mask())
+    return _masked_softmax(logits, self.valid_mask(), halving)
 
-  def attend(self, probs: jax.Array) -> jax.Array:
-    """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]."""
-    out = jnp.sum(probs[:, :, 0, :, None] * _float32(self._own_rows(self.v, 2)),
-                  axis=2)  # [B, H, Dh]
+  def attend(self, probs: jax.Array, halving: bool = False) -> jax.Array:
+    """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]. With `halving` (sums
+    outside YNNPACK: model/sums.py) a dot, which YNNPACK keeps."""
+    v = _float32(self._own_rows(self.v, 2))  # [B, H, L_max, Dh]
+    if halving:
+      out = jnp.einsum('bhl,bhld->bhd', probs[:, :, 0], v)
+    else:
+      out = jnp.sum(probs[:, :, 0, :, None] * v, axis=2)  # [B, H, Dh]
     return out[:, None].astype(value_dtype(self.v.dtype))
 
 
@@ -299,10 +308,12 @@ class MultiHeadAttention(nn.Module):
     rng = None
     if not deterministic and self.cfg.attention_dropout > 0.0:
       rng = self.make_rng('dropout')
-    probs = attention_weights(q, k, mask, one_query=one_query)
+    halving = self.cfg.halving_sums
+    probs = attention_weights(q, k, mask, one_query=one_query, halving=halving)
     self.sow('intermediates', 'attention_weights', probs)  # kept only if the caller asks
     out = apply_attention(probs, v, dropout_rng=rng, dropout_rate=self.cfg.attention_dropout,
-                          dropout_bits=self.cfg.dropout_bits, one_query=one_query)
+                          dropout_bits=self.cfg.dropout_bits, one_query=one_query,
+                          halving=halving)
     return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,)))
 
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: Optional[jax.Array],
@@ -315,7 +326,8 @@ class MultiHeadAttention(nn.Module):
     """Self-attention for one new position: x_t [B, 1, D] -> ([B, 1, D], cache with it appended)."""
     k, v = self.project_kv(x_t)
     cache = cache.append(k, v)
-    probs = cache.attention_weights(self._split(self.query(x_t)))  # [B, H, 1, L_max]
+    halving = self.cfg.halving_sums
+    probs = cache.attention_weights(self._split(self.query(x_t)), halving)  # [B, H, 1, L_max]
     self.sow('intermediates', 'attention_weights', probs)
-    out = cache.attend(probs)  # [B, 1, H, Dh]
+    out = cache.attend(probs, halving)  # [B, 1, H, Dh]
     return self.out(out.reshape(out.shape[:2] + (self.cfg.d_model,))), cache

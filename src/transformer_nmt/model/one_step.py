@@ -18,27 +18,31 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from transformer_nmt.model import sums
 
-def one_query_logits(q: jax.Array, k: jax.Array) -> jax.Array:
+
+def one_query_logits(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:
   """q [N, 1, H, Dh] (already scaled) . k [B, S, H, Dh] -> float32 logits [N, H, 1, S];
-  query row n uses key row n // G."""
+  query row n uses key row n // G. `halving`: sums as sums.total adds."""
+  add = sums.total if halving else jnp.sum
   b, s, h, _ = k.shape
   g = q.shape[0] // b
   if g == 1:
-    logits = jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
+    logits = add(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
     return jnp.swapaxes(logits, 1, 2)[:, :, None, :]
   qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
-  logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
+  logits = add(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
   return jnp.swapaxes(logits, 2, 3).reshape(q.shape[0], h, 1, s)
 
 
-def one_query_values(probs: jax.Array, v: jax.Array) -> jax.Array:
+def one_query_values(probs: jax.Array, v: jax.Array, halving: bool = False) -> jax.Array:
   """probs [N, H, 1, S] @ v [B, S, H, Dh] -> [N, 1, H, Dh] in v's dtype; query row n uses
-  value row n // G."""
+  value row n // G. `halving`: sums as sums.total adds."""
+  add = sums.total if halving else jnp.sum
   if probs.shape[0] == v.shape[0]:
     weights = jnp.swapaxes(probs[:, :, 0, :], 1, 2)[..., None]  # [N, S, H, 1]
-    return jnp.sum(weights * v.astype(jnp.float32), axis=1)[:, None].astype(v.dtype)
+    return add(weights * v.astype(jnp.float32), axis=1)[:, None].astype(v.dtype)
   b, s, h, _ = v.shape
   weights = jnp.swapaxes(probs.reshape(b, -1, h, s), 2, 3)[..., None]  # [B, G, S, H, 1]
-  out = jnp.sum(weights * v.astype(jnp.float32)[:, None], axis=2)  # [B, G, H, Dh]
+  out = add(weights * v.astype(jnp.float32)[:, None], axis=2)  # [B, G, H, Dh]
   return out.reshape((probs.shape[0], 1) + out.shape[2:]).astype(v.dtype)

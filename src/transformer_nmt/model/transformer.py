@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.model import sums
 from transformer_nmt.model.attention import (
   KVCache,
   MultiHeadAttention,
@@ -26,7 +27,9 @@ from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.layers import Embed, FeedForward, sinusoidal_positions
 
 
-def _layer_norm(cfg: ModelConfig, name: Optional[str] = None) -> nn.LayerNorm:
+def _layer_norm(cfg: ModelConfig, name: Optional[str] = None) -> nn.Module:
+  if cfg.halving_sums:
+    return sums.LayerNorm(epsilon=cfg.layer_norm_epsilon, name=name)
   return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.float32, name=name)
 
 
