@@ -54,11 +54,18 @@ def compiler_options(batch_invariant: bool) -> dict[str, str]:
   every row alike. YNNPACK keeps the matmuls: their rows do not depend on the batch at beam
   search's row counts (rows x beam; not at 1 or 2 rows, which greedy batches can have:
   bench/batch_invariance.py). Nothing changes off CPUs, or when XLA_FLAGS chooses YNNPACK's
-  fusions itself."""
+  fusions itself.
+
+  The kernels of these programs are emitted by XLA's older CPU emitters
+  (`xla_cpu_use_fusion_emitters` off): its newer ones load each kernel as an object of its
+  own, three memory maps each, and a server's few hundred programs then passed the kernel's
+  limit on maps per process (vm.max_map_count, 65530 by default) and crashed while loading
+  (bench/RESULTS.md, 'Halving sums')."""
   if (not batch_invariant or jax.default_backend() != 'cpu'
       or _YNN_FUSIONS in os.environ.get('XLA_FLAGS', '')):
     return {}
-  return {_YNN_FUSIONS: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT'}
+  return {_YNN_FUSIONS: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
+          'xla_cpu_use_fusion_emitters': 'False'}
 
 
 def halving_sums(batch_invariant: bool) -> bool:
