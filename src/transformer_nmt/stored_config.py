@@ -25,7 +25,7 @@ MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 3
                        'source_word_dropout': 0.0, 'target_word_dropout': 0.0,
                        'num_encoder_layers': 0, 'num_decoder_layers': 0, 'activation': 'relu',
                        'attention_bias': False, 'scale_embeddings': True,
-                       'final_logits_bias': False}
+                       'final_logits_bias': False, 'halving_sums': False}
 
 
 def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:

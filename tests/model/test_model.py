@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from configs import base, big
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.model.transformer import Transformer, count_params, init_params
 from transformer_nmt.typed_config import model_config_from_dict
 
@@ -101,16 +102,38 @@ def test_padding_does_not_leak_into_real_positions(tiny_cfg):
 def test_cached_decoding_matches_teacher_forcing(tiny_cfg, depths):
   cfg = dataclasses.replace(tiny_cfg, num_encoder_layers=depths[0], num_decoder_layers=depths[1])
   src, tgt, s_seg, _ = _batch()
-  model = Transformer(cfg)
   variables = {'params': init_params(cfg, jax.random.key(1))}
-  full = model.apply(variables, src, tgt, s_seg)
+  full = Transformer(cfg).apply(variables, src, tgt, s_seg)
+  np.testing.assert_allclose(_cached_logits(cfg, variables, src, s_seg, tgt), full, atol=1e-5)
+
+
+def test_halving_sums_decode_as_the_plain_model_computes():
+  """Cached decoding steps with ModelConfig.halving_sums (model/sums.py; LayerNorm over 96,
+  heads of 48, 40 source and 36 target positions: each sum halves) match the plain model's
+  teacher-forced logits, with the same parameters."""
+  plain = ModelConfig(vocab_size=40, num_layers=2, d_model=96, d_ff=128, num_heads=2,
+                      residual_dropout=0.0, embedding_dropout=0.0)
+  rng = np.random.default_rng(0)
+  src = jnp.asarray(rng.integers(3, 40, (2, 40)))
+  tgt = jnp.asarray(rng.integers(3, 40, (2, 36)))
+  seg = jnp.ones_like(src).at[1, 30:].set(0)
+  variables = {'params': init_params(plain, jax.random.key(1))}
+  full = Transformer(plain).apply(variables, src, tgt, seg)
+  halving = dataclasses.replace(plain, halving_sums=True)
+  np.testing.assert_allclose(_cached_logits(halving, variables, src, seg, tgt), full, atol=1e-4)
+
+
+def _cached_logits(cfg: ModelConfig, variables: dict, src: jax.Array, s_seg: jax.Array,
+                   tgt: jax.Array) -> jax.Array:
+  """[B, T, V] logits of tgt [B, T] fed one position at a time through the decoder's cache."""
+  model = Transformer(cfg)
   memory = model.apply(variables, src, s_seg, method=Transformer.encode)
   cache = model.apply(variables, memory, s_seg, tgt.shape[1], method=Transformer.init_cache)
   steps = []
   for t in range(tgt.shape[1]):
     logits, cache = model.apply(variables, tgt[:, t], cache, method=Transformer.decode_step)
     steps.append(logits)
-  np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=1e-5)
+  return jnp.stack(steps, 1)
 
 
 def test_bfloat16_compute_keeps_float32_params(tiny_cfg):

@@ -1,18 +1,14 @@
 """model/sums.py: the halving sums give the library's values, in one order for every row
 count under decode.batch_invariant's XLA options, and leave XLA no reduce-window to make."""
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding.search import compiler_options
 from transformer_nmt.model import sums
-from transformer_nmt.model.transformer import Transformer, init_params
 
 
 @pytest.mark.parametrize('shape,axis', [((3, 8000), -1), ((3, 257), -1), ((2, 41, 3, 64), 1),
@@ -50,25 +46,3 @@ def test_one_order_for_every_row_count_and_no_reduce_window(width):
   plain = jax.jit(lambda a: jax.nn.logsumexp(a * a, -1), compiler_options=options)
   assert 'reduce-window' in plain.lower(x).compile().as_text()  # what the halving avoids
 
-
-def test_a_model_with_halving_sums_decodes_as_the_plain_one_computes():
-  """Cached decoding steps with ModelConfig.halving_sums (LayerNorm over 96, heads of 48,
-  40 source and 36 target positions: each sum halves) match the plain model's teacher-forced
-  logits, with the same parameters."""
-  plain = ModelConfig(vocab_size=40, num_layers=2, d_model=96, d_ff=128, num_heads=2,
-                      residual_dropout=0.0, embedding_dropout=0.0)
-  halving = dataclasses.replace(plain, halving_sums=True)
-  rng = np.random.default_rng(0)
-  src = jnp.asarray(rng.integers(3, 40, (2, 40)))
-  tgt = jnp.asarray(rng.integers(3, 40, (2, 36)))
-  seg = jnp.ones_like(src).at[1, 30:].set(0)
-  variables = {'params': init_params(plain, jax.random.key(1))}
-  full = Transformer(plain).apply(variables, src, tgt, seg)
-  model = Transformer(halving)
-  memory = model.apply(variables, src, seg, method=Transformer.encode)
-  cache = model.apply(variables, memory, seg, tgt.shape[1], method=Transformer.init_cache)
-  steps = []
-  for t in range(tgt.shape[1]):
-    logits, cache = model.apply(variables, tgt[:, t], cache, method=Transformer.decode_step)
-    steps.append(logits)
-  np.testing.assert_allclose(jnp.stack(steps, 1), full, atol=1e-4)
