@@ -2,6 +2,7 @@
 is noisy: only ratios measured together mean something). Used by batch_invariance.py and
 beam_cache.py."""
 
+import random
 import time
 from typing import Callable
 
@@ -21,17 +22,26 @@ def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
   return groups
 
 
-def compare(translators: dict[str, Translate], lines: list[str], rounds: int) -> None:
+def compare(translators: dict[str, Translate], lines: list[str], rounds: int,
+            calls: int = 0) -> None:
   """Prints the fastest of `rounds` alternating rounds of each translator on all `lines` at
   once and on their groups of 1-16 (after one round that compiles), the ratio first / second,
-  and how many lines the two translate differently."""
+  and how many lines the two translate differently. With `calls`, also the lines shuffled
+  (seeded) in calls of that many: the batches of a busy server, whose requests' sentences
+  come in no order of length."""
   first, second = translators
   groups = groups_of_1_to_16(lines)
   ways = {'whole list': lambda t: t(lines),
           'groups of 1-16': lambda t: [out for g in groups for out in t(g)]}
+  if calls:
+    shuffled = random.Random(0).sample(lines, len(lines))
+    parts = [shuffled[i:i + calls] for i in range(0, len(lines), calls)]
+    ways[f'shuffled, calls of {calls}'] = lambda t: [out for p in parts for out in t(p)]
   outputs = {name: ways['whole list'](t) for name, t in translators.items()}  # compiles
   for t in translators.values():
-    ways['groups of 1-16'](t)
+    for way_name, way in ways.items():
+      if way_name != 'whole list':
+        way(t)
   best: dict[tuple[str, str], float] = {}
   for _ in range(rounds):
     for way_name, way in ways.items():

@@ -77,12 +77,12 @@ def test_kv_cache_appends_in_order():
   cache = attention.KVCache.zeros(1, 3, 1, 2)
   for i in range(2):
     cache = cache.append(jnp.full((1, 1, 1, 2), i + 1.0), jnp.full((1, 1, 1, 2), -(i + 1.0)))
-  np.testing.assert_array_equal(cache.k[0, 0, 0, :], [1, 2, 0])  # keys: [B, H, Dh, L]
-  np.testing.assert_array_equal(cache.v[0, 0, :, 0], [-1, -2, 0])  # values: [B, H, L, Dh]
+  np.testing.assert_array_equal(cache.k[0, 0, :, 1], [1, 2, 0])  # keys: [B, H, L, Dh]
+  np.testing.assert_array_equal(cache.v[0, 0, :, 0], [-1, -2, 0])  # values alike
   np.testing.assert_array_equal(cache.valid_mask()[0, 0, 0], [True, True, False])
   assert int(cache.index) == 2
   grown = cache.resize(5)
-  np.testing.assert_array_equal(grown.k[0, 0, 0, :], [1, 2, 0, 0, 0])
+  np.testing.assert_array_equal(grown.k[0, 0, :, 0], [1, 2, 0, 0, 0])
   np.testing.assert_array_equal(grown.resize(2).v[0, 0, :, 0], [-1, -2])
 
 
@@ -105,8 +105,8 @@ def test_bfloat16_kv_cache_keeps_bit_patterns_and_attends_as_bfloat16():
   expected = _numpy_attention(np.asarray(q, np.float32), as_bf16(keys), as_bf16(values), mask)
   np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=1e-2, atol=1e-2)
   np.testing.assert_array_equal(  # the stored bits are exactly the bfloat16 keys
-      np.asarray(jax.lax.bitcast_convert_type(cache.k[..., :3], jnp.bfloat16), np.float32),
-      as_bf16(keys).transpose(0, 2, 3, 1))
+      np.asarray(jax.lax.bitcast_convert_type(cache.k[:, :, :3], jnp.bfloat16), np.float32),
+      as_bf16(keys).transpose(0, 2, 1, 3))
 
 def test_beam_reorders_move_slots_and_attend_as_moved_keys_would():
   """A beam cache keeps each position in the row that wrote it and reorders only its slots;

@@ -113,10 +113,11 @@ def padding_mask(q_segments: jax.Array, kv_segments: jax.Array) -> jax.Array:
 class KVCache:
   """Decoder self-attention keys/values written one position per step.
 
-  k: [B, H, Dh, L_max] (keys transposed); v: [B, H, L_max, Dh]; index: [] int32, the next
-  position to write. In this layout one query's attention reduces over a non-minor axis and
-  vectorises along the cache: faster on XLA CPU than a [B, L_max, H, Dh] cache
-  (bench/micro.py).
+  k, v: [B, H, L_max, Dh]; index: [] int32, the next position to write. One query's logits
+  and weighted values are then dots over contiguous rows of Dh, a step writes contiguous rows,
+  and a beam's gather (below) moves runs of Dh values: on XLA CPU 1.12x faster decoding of
+  batches of 250 sentences than keys transposed to [B, H, Dh, L_max] (bench/RESULTS.md,
+  'Keys laid out as values').
 
   A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`; `k` and `v` are
   then bits, read as values by `attention_weights` and `attend`): XLA CPU carries a bfloat16
@@ -144,8 +145,8 @@ class KVCache:
   def zeros(cls, batch: int, max_len: int, num_heads: int, head_dim: int,
             dtype: jnp.dtype = jnp.float32) -> KVCache:
     stored = stored_dtype(dtype)
-    return cls(jnp.zeros((batch, num_heads, head_dim, max_len), stored),
-               jnp.zeros((batch, num_heads, max_len, head_dim), stored), jnp.zeros((), jnp.int32))
+    shape = (batch, num_heads, max_len, head_dim)
+    return cls(jnp.zeros(shape, stored), jnp.zeros(shape, stored), jnp.zeros((), jnp.int32))
 
   @property
   def length(self) -> int:
@@ -153,13 +154,13 @@ class KVCache:
 
   def append(self, k: jax.Array, v: jax.Array) -> KVCache:
     """Writes k, v: [B, 1, H, Dh] at `index` and advances it."""
-    k_t = _to_stored(jnp.transpose(k, (0, 2, 3, 1)), self.k.dtype)  # [B, H, Dh, 1]
-    v_t = _to_stored(jnp.swapaxes(v, 1, 2), self.v.dtype)  # [B, H, 1, Dh]
+    k_t = _to_stored(jnp.swapaxes(k, 1, 2), self.k.dtype)  # [B, H, 1, Dh]
+    v_t = _to_stored(jnp.swapaxes(v, 1, 2), self.v.dtype)
     slots = self.slots
     if slots is not None:  # each row writes its own hypothesis' position
       slots = jax.lax.dynamic_update_slice_in_dim(slots, self._own_slot()[:, None], self.index,
                                                   axis=1)
-    return self.replace(k=jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=3),
+    return self.replace(k=jax.lax.dynamic_update_slice_in_dim(self.k, k_t, self.index, axis=2),
                         v=jax.lax.dynamic_update_slice_in_dim(self.v, v_t, self.index, axis=2),
                         index=self.index + 1, slots=slots)
 
@@ -169,17 +170,17 @@ class KVCache:
     extra = length - self.length
     if extra <= 0:
       slots = None if self.slots is None else self.slots[:, :length]
-      return self.replace(k=self.k[..., :length], v=self.v[:, :, :length], slots=slots)
+      return self.replace(k=self.k[:, :, :length], v=self.v[:, :, :length], slots=slots)
     none = (0, 0)
     slots = None if self.slots is None else jnp.pad(self.slots, (none, (0, extra)))
-    return self.replace(k=jnp.pad(self.k, (none, none, none, (0, extra))),
-                        v=jnp.pad(self.v, (none, none, (0, extra), none)), slots=slots)
+    widths = (none, none, (0, extra), none)
+    return self.replace(k=jnp.pad(self.k, widths), v=jnp.pad(self.v, widths), slots=slots)
 
   def tile(self, beams: int, slots: Optional[bool] = None) -> KVCache:
     """Each row's hypothesis [B, ...] repeated for `beams` hypotheses -> [B*beams, ...], each
     holding its own positions; with `slots` (default: `slots_by_default()`) reorders will
     move slots only."""
-    own = self.replace(k=self._own_rows(self.k, 3), v=self._own_rows(self.v, 2), slots=None)
+    own = self.replace(k=self._own_rows(self.k), v=self._own_rows(self.v), slots=None)
     tiled = jax.tree_util.tree_map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, own)
     return tiled._with_own_slots(beams, slots)
 
@@ -206,16 +207,15 @@ class KVCache:
     """[B] each row's place among its sentence's K rows."""
     return jnp.arange(self.k.shape[0], dtype=jnp.int32) % self.beams
 
-  def _own_rows(self, x: jax.Array, length_axis: int) -> jax.Array:
-    """x [B, ...] (k or v) with each hypothesis' positions gathered from the rows of its
-    sentence that hold them (`slots`); x itself without slots."""
+  def _own_rows(self, x: jax.Array) -> jax.Array:
+    """x [B, H, L_max, Dh] (k or v) with each hypothesis' positions gathered from the rows of
+    its sentence that hold them (`slots`); x itself without slots."""
     if self.slots is None:
       return x
     rows, beams = x.shape[0], self.beams
-    grouped = x.reshape((rows // beams, beams) + x.shape[1:])  # [B/K, K, ...]
-    shape = [rows // beams, beams] + [1] * (x.ndim - 1)
-    shape[length_axis + 1] = self.length
-    return jnp.take_along_axis(grouped, self.slots.reshape(shape), axis=1).reshape(x.shape)
+    grouped = x.reshape((rows // beams, beams) + x.shape[1:])  # [B/K, K, H, L_max, Dh]
+    slots = self.slots.reshape(rows // beams, beams, 1, self.length, 1)
+    return jnp.take_along_axis(grouped, slots, axis=1).reshape(x.shape)
 
   def valid_mask(self) -> jax.Array:
     """[1, 1, 1, L_max]: positions written so far (including the one just appended)."""
@@ -226,13 +226,13 @@ class KVCache:
     float32 [B, H, 1, L_max] (zero at unwritten positions). `halving`: the softmax's sums
     as model/sums.py adds them."""
     q = q[:, 0].astype(jnp.float32) * q.shape[-1] ** -0.5  # [B, H, Dh]
-    logits = jnp.einsum('bhd,bhdl->bhl', q, _float32(self._own_rows(self.k, 3)))[:, :, None]
+    logits = jnp.einsum('bhd,bhld->bhl', q, _float32(self._own_rows(self.k)))[:, :, None]
     return _masked_softmax(logits, self.valid_mask(), halving)
 
   def attend(self, probs: jax.Array, halving: bool = False) -> jax.Array:
     """probs [B, H, 1, L_max] -> the weighted values [B, 1, H, Dh]. With `halving` (sums
     outside YNNPACK: model/sums.py) a dot, which YNNPACK keeps."""
-    v = _float32(self._own_rows(self.v, 2))  # [B, H, L_max, Dh]
+    v = _float32(self._own_rows(self.v))  # [B, H, L_max, Dh]
     if halving:
       out = jnp.einsum('bhl,bhld->bhd', probs[:, :, 0], v)
     else:
