@@ -1,10 +1,12 @@
 """heap.py: freed host memory goes back to the system where the C library allows it."""
 
+import mmap
 import sys
 
 import numpy as np
 import pytest
 
+from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import heap
 
 
@@ -35,6 +37,7 @@ def test_without_malloc_trim_nothing_happens(monkeypatch):
 
 _COUNT_HEAPS = '''
 import ctypes, sys, threading
+from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import heap
 if sys.argv[1] != '0':
   assert heap.limit_heaps(int(sys.argv[1]))
@@ -80,3 +83,26 @@ def test_heaps_for_a_decoding_run(tmp_path):
   assert heap.heaps_for(-1, store, compiling=True) == 0  # --precompile
   assert heap.heaps_for(0, store) == 0
   assert heap.heaps_for(3, None) == 3
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc on Linux only')
+def test_memory_maps_are_counted_against_the_limit(monkeypatch, tmp_path):
+  """memory_maps counts the lines of /proc/self/maps against vm.max_map_count;
+  check_memory_maps raises past MAPS_SHARE of the limit only, naming it and the remedy."""
+  path = tmp_path / 'mapped'
+  path.write_bytes(bytes(4096))
+  with open(path, 'r+b') as f, mmap.mmap(f.fileno(), 4096):  # a file's map: a line of its own
+    used, limit = heap.memory_maps()
+    with open('/proc/self/maps', encoding='utf-8') as maps:
+      lines = maps.read().splitlines()
+  assert sum(str(path) in line for line in lines) == 1
+  assert abs(used - len(lines)) < 100  # other threads may map or unmap meanwhile
+  with open('/proc/sys/vm/max_map_count', encoding='utf-8') as f:
+    assert limit == int(f.read())
+  heap.check_memory_maps('everything', 'fewer')  # this test process is far below
+  monkeypatch.setattr(heap, 'memory_maps', lambda: (int(heap.MAPS_SHARE * 1000) + 1, 1000))
+  with pytest.raises(ConfigError, match=r'^901 memory maps in use of the 1000 Linux allows a '
+                     r'process \(vm.max_map_count\) after 3 programs: .*sysctl .*\(fewer\)$'):
+    heap.check_memory_maps('3 programs', 'fewer')
+  monkeypatch.setattr(heap, 'memory_maps', lambda: None)  # no /proc: nothing to check
+  heap.check_memory_maps('3 programs', 'fewer')

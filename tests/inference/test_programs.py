@@ -18,7 +18,8 @@ import pytest
 
 from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding import ensemble
-from transformer_nmt.inference import Engine, programs
+from transformer_nmt.errors import ConfigError
+from transformer_nmt.inference import Engine, heap, programs
 from transformer_nmt.inference.programs import ProgramStore, StoredJit, identity
 
 SETTINGS = DecodeConfig(beam_size=2, max_extra_len=4)
@@ -268,3 +269,16 @@ def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
                        capture_output=True, text=True, timeout=300, check=True)
   code, on_disk = run.stdout.split()
   assert code == imported and on_disk != imported
+
+
+def test_precompile_stops_near_the_limit_on_memory_maps(loaded, monkeypatch):
+  """Past heap.MAPS_SHARE of vm.max_map_count, precompiling stops after the program that got
+  there with a ConfigError that names the limit and how to make fewer programs (more programs
+  would crash the process); below it, it goes on."""
+  engine = Engine(loaded, SETTINGS)
+  monkeypatch.setattr(heap, 'memory_maps', lambda: (899, 1000))
+  assert engine.precompile(max_rows=1, max_length=8) == 1
+  monkeypatch.setattr(heap, 'memory_maps', lambda: (901, 1000))
+  with pytest.raises(ConfigError, match=r'^901 memory maps in use of the 1000 .*'
+                     r'vm.max_map_count\) after 1 of 2 batch shapes: .*max_rows, max_length'):
+    engine.precompile(max_rows=1, max_length=16)

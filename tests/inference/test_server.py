@@ -22,8 +22,9 @@ from conftest import ROOT, shared_compile_cache
 from fastapi.testclient import TestClient
 
 from transformer_nmt import plots
+from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.server import Limits, make_app
+from transformer_nmt.inference.server import Limits, make_app, warm_up
 
 LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=60,
                 max_queue_sentences=64)
@@ -341,3 +342,24 @@ def test_serve_answers_then_stops_on_sigterm_with_exit_0(tiny_workdir):
     if server.poll() is None:
       server.kill()
       server.wait()
+
+
+def test_a_failed_warm_up_ends_the_server(capsys):
+  """warm_up: ready once warm returns; a UserError (e.g. too many memory maps) ends the
+  process with one line and code 2, a bug with its traceback and code 1, never ready."""
+  ends, ready = [], threading.Event()
+  warm_up(lambda: None, ready, ends.append)
+  assert ready.is_set() and ends == []
+
+  def too_many():
+    raise ConfigError('901 memory maps in use')
+  ready.clear()
+  warm_up(too_many, ready, ends.append)
+  assert ends == [2] and not ready.is_set()
+  assert capsys.readouterr().err == 'error: warm-up stopped: 901 memory maps in use\n'
+
+  def bug():
+    raise RuntimeError('a bug')
+  warm_up(bug, ready, ends.append)
+  assert ends == [2, 1] and not ready.is_set()
+  assert 'Traceback' in capsys.readouterr().err

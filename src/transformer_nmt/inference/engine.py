@@ -236,11 +236,14 @@ class Engine:
       return self._batch(params, src, segments, i, **extra)
     with contextlib.closing(batches.in_order(make, len(shapes),
                                              self.concurrent_batches)) as made:
-      for _ in made:
-        pass
+      for i, _ in enumerate(made):
+        heap.check_memory_maps(f'{i + 1} of {len(shapes)} batch shapes',
+                               'precompile max_rows, max_length')
     if scoring and (self.store is None or self.store.writable):
-      return len(shapes) + self.scorer.precompile(params, max_rows, max_length,
-                                                  src_tok.eos_id)
+      scored = self.scorer.precompile(params, max_rows, max_length, src_tok.eos_id)
+      heap.check_memory_maps(f'{len(shapes)} batch shapes and {scored} of scoring',
+                             'precompile max_rows, max_length')
+      return len(shapes) + scored
     return len(shapes)
 
   def hypotheses(self, lines: Sequence[str], progress: Progress = None,

@@ -1,4 +1,5 @@
-"""Host memory of decoding on a CPU: freed memory given back between batches, fewer heaps.
+"""Host memory of decoding on a CPU: freed memory given back between batches, fewer heaps,
+and the memory maps that compiled programs hold.
 
 On a CPU a batch's decoder state and its programs' working buffers are host memory. glibc's
 malloc keeps what they free in its heaps, one per thread, and fragmented heaps are not
@@ -8,6 +9,12 @@ about the same speed. Fewer heaps fragment less: with `limit_heaps(2)` the same 
 programs stored, peaked lower again at the same speed, but a run that compiles its programs
 took longer, its compiler threads waiting on the two heaps. Measured: bench/RESULTS.md, 'Time
 to translation' ('Less memory per batch' and 'two malloc heaps').
+
+XLA's CPU backend loads each kernel of a program as an object of its own, a few memory maps
+each, and a server holds a few hundred programs: serve.py's default warm-up of the Multi30k
+model ended with about 51,000 maps, where Linux lets a process have 65,530
+(vm.max_map_count) and an allocation past that crashes it (bench/RESULTS.md, 'Halving
+sums'). `check_memory_maps` turns that crash into a clear error.
 """
 
 from __future__ import annotations
@@ -18,7 +25,12 @@ import functools
 import pathlib
 from typing import Callable, Optional
 
+from transformer_nmt.errors import ConfigError
+
 _M_ARENA_MAX = -8  # mallopt's parameter for the most heaps (arenas), glibc's malloc.h
+# Making programs stops past this share of the limit on memory maps: the rest is room for
+# the batches' buffers, which glibc maps one by one above its threshold (128 KiB).
+MAPS_SHARE = 0.9
 
 
 @functools.cache
@@ -68,3 +80,27 @@ def release_free_memory() -> bool:
     return False
   trim(0)
   return True
+
+
+def memory_maps() -> Optional[tuple[int, int]]:
+  """(memory maps this process holds, the most Linux allows one: vm.max_map_count), or None
+  where /proc does not say."""
+  try:
+    with open('/proc/self/maps', 'rb') as f:
+      used = sum(1 for _ in f)
+    limit = int(pathlib.Path('/proc/sys/vm/max_map_count').read_text())
+  except (OSError, ValueError):
+    return None
+  return used, limit
+
+
+def check_memory_maps(made: str, fewer: str) -> None:
+  """Raises ConfigError when this process holds more than MAPS_SHARE of the memory maps Linux
+  allows it: more programs would crash it. `made` says what was made so far, `fewer` how to
+  make fewer."""
+  maps = memory_maps()
+  if maps is not None and maps[0] > MAPS_SHARE * maps[1]:
+    raise ConfigError(f'{maps[0]} memory maps in use of the {maps[1]} Linux allows a process '
+                      f'(vm.max_map_count) after {made}: each compiled kernel takes a few, and '
+                      'past the limit the process crashes. Raise it (sysctl -w '
+                      f'vm.max_map_count=262144) or make fewer programs ({fewer})')

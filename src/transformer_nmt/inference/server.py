@@ -12,8 +12,11 @@ import dataclasses
 import hmac
 import json
 import logging
+import os
+import sys
 import threading
 import time
+import traceback
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
@@ -24,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from transformer_nmt.errors import UserError
 from transformer_nmt.inference.api import (
   RETRY_AFTER_S,
   ApiError,
@@ -313,6 +317,25 @@ class _Service:
     return HTMLResponse(PAGE)
 
 
+def warm_up(warm: Callable[[], None], ready: threading.Event,
+            end: Callable[[int], None] = os._exit) -> None:
+  """Runs `warm`, then sets `ready`. A server that cannot warm up cannot serve: a UserError
+  (e.g. heap.check_memory_maps) ends the process with its one line and code 2, anything else
+  with its traceback and code 1 (`end`: os._exit, since this is not the main thread; no
+  request is in flight before ready)."""
+  try:
+    warm()
+  except UserError as e:
+    print(f'error: warm-up stopped: {e}', file=sys.stderr, flush=True)
+    end(2)
+  except Exception:  # noqa: BLE001 -- a bug: its traceback, and the server ends
+    traceback.print_exc()
+    sys.stderr.flush()
+    end(1)
+  else:
+    ready.set()
+
+
 def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
              max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
              mix_requests: bool = True,
@@ -329,7 +352,7 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   @contextlib.asynccontextmanager
   async def lifespan(_: fastapi.FastAPI):
     if warm is not None:
-      threading.Thread(target=lambda: (warm(), service.ready.set()), name='warm',
+      threading.Thread(target=warm_up, args=(warm, service.ready), name='warm',
                        daemon=True).start()
     yield
     service.scheduler.close()  # uvicorn has finished the requests in flight by now
