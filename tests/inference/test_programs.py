@@ -280,5 +280,5 @@ def test_precompile_stops_near_the_limit_on_memory_maps(loaded, monkeypatch):
   assert engine.precompile(max_rows=1, max_length=8) == 1
   monkeypatch.setattr(heap, 'memory_maps', lambda: (901, 1000))
   with pytest.raises(ConfigError, match=r'^901 memory maps in use of the 1000 .*'
-                     r'vm.max_map_count\) after 1 of 2 batch shapes: .*max_rows, max_length'):
+                     r'vm.max_map_count\) after 1 of 2 batch shapes: .*--precompile_length\)$'):
     engine.precompile(max_rows=1, max_length=16)

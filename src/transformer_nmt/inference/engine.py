@@ -32,6 +32,9 @@ from transformer_nmt.inference.programs import ProgramStore, identity
 from transformer_nmt.workdir import Workdir
 
 Progress = Optional[Callable[[int], None]]  # called with the number of sentences just done
+# How to make fewer programs, when precompiling nears the limit on memory maps (heap.py)
+_FEWER_PROGRAMS = ("precompile's max_rows or max_length: serve.py's --precompile_rows or "
+                   '--precompile_length')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,12 +240,11 @@ class Engine:
     with contextlib.closing(batches.in_order(make, len(shapes),
                                              self.concurrent_batches)) as made:
       for i, _ in enumerate(made):
-        heap.check_memory_maps(f'{i + 1} of {len(shapes)} batch shapes',
-                               'precompile max_rows, max_length')
+        heap.check_memory_maps(f'{i + 1} of {len(shapes)} batch shapes', _FEWER_PROGRAMS)
     if scoring and (self.store is None or self.store.writable):
       scored = self.scorer.precompile(params, max_rows, max_length, src_tok.eos_id)
       heap.check_memory_maps(f'{len(shapes)} batch shapes and {scored} of scoring',
-                             'precompile max_rows, max_length')
+                             _FEWER_PROGRAMS)
       return len(shapes) + scored
     return len(shapes)
 
