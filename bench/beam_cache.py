@@ -7,9 +7,6 @@ their ratio, and the lines they translate differently (none: the same values are
   python bench/beam_cache.py --workdir W --input ../shared/data/multi30k/test2016.en
 """
 
-import contextlib
-from typing import Iterator
-
 import side_by_side
 from absl import app, flags
 
@@ -23,24 +20,13 @@ _LINES = flags.DEFINE_integer('lines', 1000, 'First lines of --input to translat
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternating rounds (after one to compile).')
 
 
-@contextlib.contextmanager
-def keys_and_values_moved() -> Iterator[None]:
-  """Caches traced meanwhile keep no slots, so each reorder gathers k and v (KVCache.reorder),
-  as on an accelerator."""
-  on_cpu = attention.slots_by_default
-  attention.slots_by_default = lambda: False
-  try:
-    yield
-  finally:
-    attention.slots_by_default = on_cpu
-
-
 def main(_):
   slots = Engine.load(_WORKDIR.value)
   moved = Engine(slots.model, slots.decode)
 
   def moving(lines: list[str]) -> list[str]:
-    with keys_and_values_moved():  # only tracing reads it; the compiled programs stay
+    # caches traced meanwhile keep no slots: each reorder gathers k and v, as on an accelerator
+    with side_by_side.patched(attention, {'slots_by_default': lambda: False}):
       return moved.translate(lines)
   print(f'beam {slots.decode.beam_size}, {slots.concurrent_batches} decoding threads')
   side_by_side.compare({'keys and values moved (before)': moving, 'slots moved': slots.translate},

@@ -8,10 +8,8 @@ fastest round of each way, their ratios, and the lines each pair translates diff
   python bench/halving_sums.py --workdir W --input ../shared/data/multi30k/test2016.en
 """
 
-import contextlib
 import dataclasses
 import functools
-from typing import Iterator
 
 import flax.linen as nn
 import jax
@@ -33,19 +31,6 @@ _LIBRARY = {'total': jnp.sum, 'maximum': jnp.max, 'softmax': jax.nn.softmax,
             'LayerNorm': functools.partial(nn.LayerNorm, dtype=jnp.float32)}
 
 
-@contextlib.contextmanager
-def library_sums() -> Iterator[None]:
-  """Programs traced meanwhile sum as the libraries do (the cached attend stays a dot)."""
-  halving = {name: getattr(sums, name) for name in _LIBRARY}
-  for name, fn in _LIBRARY.items():
-    setattr(sums, name, fn)
-  try:
-    yield
-  finally:
-    for name, fn in halving.items():
-      setattr(sums, name, fn)
-
-
 def main(_):
   halving = Engine.load(_WORKDIR.value)
   halving = Engine(halving.model, dataclasses.replace(halving.decode, batch_invariant=True))
@@ -53,7 +38,7 @@ def main(_):
   default = Engine(halving.model, dataclasses.replace(halving.decode, batch_invariant=False))
 
   def library_way(lines: list[str]) -> list[str]:
-    with library_sums():  # only tracing reads it; the compiled programs stay
+    with side_by_side.patched(sums, _LIBRARY):  # programs traced summing as the libraries do
       return library.translate(lines)
   lines = read_lines(_INPUT.value)[:_LINES.value]
   print(f'beam {halving.decode.beam_size}, {halving.concurrent_batches} decoding threads')

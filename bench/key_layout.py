@@ -8,9 +8,6 @@ translate differently (the logits' dots add in another order).
   python bench/key_layout.py --workdir W --input ../shared/data/multi30k/test2016.en
 """
 
-import contextlib
-from typing import Iterator
-
 import jax
 import jax.numpy as jnp
 import side_by_side
@@ -86,25 +83,12 @@ _BEFORE = {'zeros': classmethod(_zeros), 'append': _append, 'resize': _resize, '
            'attention_weights': _attention_weights}
 
 
-@contextlib.contextmanager
-def keys_transposed() -> Iterator[None]:
-  """Caches traced meanwhile keep their keys as [B, H, Dh, L] (the layout before)."""
-  now = {name: Cache.__dict__[name] for name in _BEFORE}
-  for name, method in _BEFORE.items():
-    setattr(Cache, name, method)
-  try:
-    yield
-  finally:
-    for name, method in now.items():
-      setattr(Cache, name, method)
-
-
 def main(_):
   engine = Engine.load(_WORKDIR.value)
   before = Engine(engine.model, engine.decode)
 
   def transposed(lines: list[str]) -> list[str]:
-    with keys_transposed():  # only tracing reads it; the compiled programs stay
+    with side_by_side.patched(Cache, _BEFORE):  # keys as [B, H, Dh, L] (the layout before)
       return before.translate(lines)
   print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
   side_by_side.compare({'keys [B, H, Dh, L] (before)': transposed,

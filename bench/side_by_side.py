@@ -2,13 +2,28 @@
 is noisy: only ratios measured together mean something). Used by batch_invariance.py and
 beam_cache.py."""
 
+import contextlib
 import random
 import time
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 Translate = Callable[[list[str]], list[str]]
+
+
+@contextlib.contextmanager
+def patched(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
+  """`owner`'s (a module's or a class's) attributes replaced meanwhile: programs traced then
+  take the way before; the compiled programs keep it."""
+  kept = {name: vars(owner)[name] for name in replacements}
+  for name, value in replacements.items():
+    setattr(owner, name, value)
+  try:
+    yield
+  finally:
+    for name, value in kept.items():
+      setattr(owner, name, value)
 
 
 def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
