@@ -11,10 +11,10 @@ took longer, its compiler threads waiting on the two heaps. Measured: bench/RESU
 to translation' ('Less memory per batch' and 'two malloc heaps').
 
 XLA's CPU backend loads each kernel of a program as an object of its own, a few memory maps
-each, and a server holds a few hundred programs: serve.py's default warm-up of the Multi30k
-model ended with about 51,000 maps, where Linux lets a process have 65,530
-(vm.max_map_count) and an allocation past that crashes it (bench/RESULTS.md, 'Halving
-sums'). `check_memory_maps` turns that crash into a clear error.
+each, and a server holds a few hundred programs: serve.py's default warm-up comes near the
+number of maps Linux lets a process have (vm.max_map_count), and an allocation past it
+crashes the process (bench/RESULTS.md, 'Halving sums'). `check_memory_maps` turns that crash
+into a clear error.
 """
 
 from __future__ import annotations
