@@ -37,7 +37,6 @@ def test_without_malloc_trim_nothing_happens(monkeypatch):
 
 _COUNT_HEAPS = '''
 import ctypes, sys, threading
-from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import heap
 if sys.argv[1] != '0':
   assert heap.limit_heaps(int(sys.argv[1]))
