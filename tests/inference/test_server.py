@@ -60,6 +60,7 @@ def test_translate_equals_the_engine(client, engine, lines, expected):
   assert [t['text'] for t in body['translations']] == [expected[x] for x in lines] + ['']
   assert body['model']['steps'] == list(engine.model.steps)
   assert body['model']['settings']['beam_size'] == 2
+  assert body['model']['dtype'] == engine.model.cfg.dtype
   assert len(set(expected.values())) > 4  # not one answer for all: the comparison means something
 
 

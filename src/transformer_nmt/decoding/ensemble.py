@@ -88,6 +88,12 @@ def is_ensemble(cfg: Models) -> bool:
   return not isinstance(cfg, ModelConfig)
 
 
+def dtypes(cfg: Models) -> str:
+  """The members' compute dtypes, '/'-joined: 'float32', or 'bfloat16/float32' for an
+  ensemble of both."""
+  return '/'.join(sorted({c.dtype for c in (cfg if is_ensemble(cfg) else [cfg])}))
+
+
 def members(cfg: Models, params: Any) -> list[tuple[ModelConfig, Any]]:
   """[(config, parameters)] of each member (one for a single model)."""
   return list(zip(cfg, params)) if is_ensemble(cfg) else [(cfg, params)]

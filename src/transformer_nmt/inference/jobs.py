@@ -153,8 +153,7 @@ def header(model: LoadedModel) -> str:
             (f', MBR {d.mbr}' if d.mbr != 'off' and d.beam_size > 1 else ''))
   cfgs = model.cfg if ensemble.is_ensemble(model.cfg) else [model.cfg]
   members = f'ensemble of {len(cfgs)} models, ' if len(cfgs) > 1 else ''
-  dtypes = '/'.join(sorted({c.dtype for c in cfgs}))
-  return f'{members}checkpoint step(s) {model.steps}, {search}, {dtypes}'
+  return f'{members}checkpoint step(s) {model.steps}, {search}, {ensemble.dtypes(model.cfg)}'
 
 
 def _read_whole(job: DecodeJob) -> tuple[Optional[list[str]], dict[str, list[str]]]:

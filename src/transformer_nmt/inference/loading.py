@@ -17,7 +17,7 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.errors import ConfigError, DataError
-from transformer_nmt.inference import snapshots
+from transformer_nmt.inference import host_cpu, snapshots
 from transformer_nmt.workdir import Workdir
 
 if TYPE_CHECKING:  # Orbax's import is left to the runs that restore a checkpoint
@@ -44,7 +44,8 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead. A run
   trained with train.ema_decay gives its moving average of the weights unless `ema` is False.
   With `snapshot`, the restored parameters are also kept in WORKDIR/programs/params, where a
-  later call for the same checkpoints reads them without Orbax (snapshots.py).
+  later call for the same checkpoints reads them without Orbax (snapshots.py). The model
+  computes in the run's model.dtype, except where `default_dtype` says float32.
 
   The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
   """
@@ -53,6 +54,7 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
     raise DataError(f'{workdir} is not a training workdir (no {wd.config.name})')
   config = wd.read_config()
   cfg, decode = wd.read_model_config(), wd.read_sections().decode
+  cfg = ensemble.with_dtype(cfg, default_dtype(cfg))
   src_tok, tgt_tok = _tokenizers(wd)
   wd.check_tokenizers({'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
   if best and (checkpoint is not None or average_last):
@@ -125,16 +127,28 @@ def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
                ema: bool = True, dtype: Optional[str] = None, snapshot: bool = False,
                settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate
                ) -> LoadedModel:
-  """`load_ensemble` of one workdir or several, computing in `dtype` (default: the run's
-  model.dtype) with the Dense kernels already cast to it (ensemble.kernels_as_computed: only
-  that copy stays in memory), and `settings` of the first run's decode section (default: as
-  it is) as the model's decode settings."""
+  """`load_ensemble` of one workdir or several, computing in `dtype` (default: as
+  `load_workdir` gives them) with the Dense kernels already cast to it
+  (ensemble.kernels_as_computed: only that copy stays in memory), and `settings` of the first
+  run's decode section (default: as it is) as the model's decode settings."""
   if isinstance(workdirs, (str, pathlib.Path)):
     workdirs = [workdirs]
   model = load_ensemble(workdirs, checkpoint, average_last, best, ema, snapshot)
   cfg = ensemble.with_dtype(model.cfg, dtype)
   return dataclasses.replace(model, cfg=cfg, decode=settings(model.decode),
                              params=ensemble.kernels_as_computed(cfg, model.params))
+
+
+def default_dtype(cfg: Models) -> Optional[str]:
+  """The compute dtype decoding takes when none is asked for: the run's model.dtype (None),
+  except float32 for a bfloat16 model on a CPU without bfloat16 instructions
+  (host_cpu.has_bfloat16), where bfloat16 products ran slower than float32 ones and decoding
+  in float32 was faster (bench/RESULTS.md, 'bfloat16 on a CPU without bfloat16
+  instructions')."""
+  if ('bfloat16' not in ensemble.dtypes(cfg) or jax.default_backend() != 'cpu'
+      or host_cpu.has_bfloat16() is not False):
+    return None
+  return 'float32'
 
 
 def _read_params(ckpt: Checkpointer, step: int, ema: bool = True) -> Any:

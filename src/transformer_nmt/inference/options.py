@@ -117,7 +117,9 @@ def define_model_flags() -> None:
   flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision (activations, '
                     'products, caches; the Dense kernels are cast to it once at load, the '
                     'other parameters stay float32); outputs differ between the two (speeds: '
-                    "docs/decoding.md). Default: the run's model.dtype.")
+                    "docs/decoding.md). Default: the run's model.dtype, except float32 for a "
+                    'bfloat16 run on a CPU without bfloat16 instructions (AVX512-BF16, AMX, '
+                    "Arm's BF16), where float32 decodes faster.")
   flags.DEFINE_bool('programs', True, 'Keep the compiled decoding programs in WORKDIR/programs, '
                     'so a later run with the same settings calls the ones it needs without '
                     'tracing or compiling them (programs of another jax, backend, code or '

@@ -28,7 +28,6 @@ so a program the cache supplied is not stored: use one or the other (decode.py d
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
@@ -49,6 +48,7 @@ from jax.experimental import serialize_executable
 
 from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
+from transformer_nmt.inference import host_cpu
 
 _IDENTITY = 'identity.json'
 _MAGIC = b'transformer_nmt program 2\n'  # then a 32-byte HMAC-SHA256 tag, then the pickle
@@ -84,15 +84,9 @@ _JAX_OPTIONS = ('jax_enable_x64', 'jax_threefry_partitionable', 'jax_default_prn
                 'jax_disable_jit', 'jax_enable_checks')
 
 
-@functools.cache
 def _host_cpu() -> str:
   """The host CPU's feature flags (hashed): XLA:CPU code uses the instructions it finds."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      flags = next((line for line in f if line.startswith('flags')), '')
-  except OSError:
-    flags = ''
-  return _digest(flags or platform.processor() or platform.machine())
+  return _digest(host_cpu.flags_line() or platform.processor() or platform.machine())
 
 
 def identity(**settings: Any) -> dict[str, str]:

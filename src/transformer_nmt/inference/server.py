@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import UserError
 from transformer_nmt.inference.api import (
   RETRY_AFTER_S,
@@ -61,6 +62,7 @@ class _Service:
                max_wait_ms: float, tokens_per_batch: Optional[int], mix_requests: bool):
     self.engine, self.limits, self.api_key = engine, limits, api_key
     self.model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
+                       'dtype': ensemble.dtypes(engine.model.cfg),  # the compute precision
                        'settings': dataclasses.asdict(engine.decode)}
     self.metrics = Metrics(lambda: self.scheduler, engine)
     self.budget = tokens_per_batch or engine.decode.tokens_per_batch
