@@ -153,7 +153,7 @@ def tests(run: Run) -> None:
 
 def train_speed(run: Run) -> None:
   shape = (['--config', 'configs/tiny.py', '--batch', '8', '--length', '16', '--steps', '2',
-            '--vocab_size', '512'] if _SMOKE.value else
+            '--vocab_size', '512', '--peak_size', '256'] if _SMOKE.value else
            ['--config', 'configs/base.py', '--batch', '512', '--length', '64', '--steps', '20',
             '--vocab_size', '32768'])
   variants = 'jax-bfloat16,torch-bfloat16,torch-bfloat16-compile'

@@ -46,6 +46,10 @@ _BATCH = flags.DEFINE_integer('batch', 64, 'Rows per batch.')
 _LENGTH = flags.DEFINE_integer('length', 24, 'Padded length of source and target.')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per variant.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 8000, 'Shared vocabulary size.')
+_PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n^3 matmul that measures the peak '
+                                  '(0: 2048 on a CPU, 8192 on a GPU); bench/gpu.py --smoke '
+                                  "takes a small one: torch's bfloat16 matmul on a CPU without "
+                                  'bfloat16 instructions ran at about 1 GFLOP/s.')
 _VARIANTS = flags.DEFINE_list('variants', ['jax-float32', 'jax-bfloat16', 'torch-float32',
                                            'torch-bfloat16'], 'What to run, in this order; '
                              'jax-DTYPE-remat recomputes layer activations in the backward pass; '
@@ -119,10 +123,10 @@ def time_steps(run_step, steps: int) -> dict:
 
 def peak_matmul_jax(dtype: str, repeats: int = 5) -> float:
   """FLOP/s of an n^3 jitted matmul (bfloat16 inputs accumulate in float32); n = 8192 on a
-  GPU, 2048 on a CPU."""
+  GPU, 2048 on a CPU (or --peak_size)."""
   import jax
   import jax.numpy as jnp
-  n = 2048 if jax.default_backend() == 'cpu' else 8192
+  n = _PEAK_SIZE.value or (2048 if jax.default_backend() == 'cpu' else 8192)
   x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
   f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
   f(x, x).block_until_ready()
@@ -348,9 +352,9 @@ def numpy_batch(vocab: int) -> dict:
 
 
 def peak_matmul_torch(dtype: str, device: str = 'cpu', repeats: int = 5) -> float:
-  """FLOP/s of an n^3 matmul on `device`: n = 8192 on a GPU, 2048 on a CPU."""
+  """FLOP/s of an n^3 matmul on `device`: n = 8192 on a GPU, 2048 on a CPU (or --peak_size)."""
   import torch
-  n = 8192 if device == 'cuda' else 2048
+  n = _PEAK_SIZE.value or (8192 if device == 'cuda' else 2048)
   x = torch.randn(n, n, device=device).to(torch.bfloat16 if dtype == 'bfloat16'
                                            else torch.float32)
   sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
@@ -375,7 +379,7 @@ def run_variant(variant: str) -> dict | None:
   cmd = [sys.executable, __file__, '--child', variant, '--config', _CONFIG.value,
          '--batch', str(_BATCH.value), '--length', str(_LENGTH.value),
          '--steps', str(_STEPS.value), '--vocab_size', str(_VOCAB.value),
-         f'--profile={_PROFILE.value}'] + [
+         '--peak_size', str(_PEAK_SIZE.value), f'--profile={_PROFILE.value}'] + [
              f'--set={s}' for s in _OVERRIDES.value]
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
   lines = [line for line in proc.stdout.splitlines() if line.startswith('RESULT ')]
