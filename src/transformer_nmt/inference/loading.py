@@ -142,9 +142,8 @@ def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
 def default_dtype(cfg: Models) -> Optional[str]:
   """The compute dtype decoding takes when none is asked for: the run's model.dtype (None),
   except float32 for a bfloat16 model on a CPU without bfloat16 instructions
-  (host_cpu.has_bfloat16), where bfloat16 products ran slower than float32 ones and decoding
-  in float32 was faster (bench/RESULTS.md, 'bfloat16 on a CPU without bfloat16
-  instructions')."""
+  (host_cpu.has_bfloat16), where decoding in float32 was faster (bench/RESULTS.md, 'bfloat16
+  on a CPU without bfloat16 instructions')."""
   if ('bfloat16' not in ensemble.dtypes(cfg) or jax.default_backend() != 'cpu'
       or host_cpu.has_bfloat16() is not False):
     return None
