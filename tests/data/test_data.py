@@ -3,7 +3,7 @@ import pytest
 
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data import training_batches
-from transformer_nmt.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_nmt.data.tokenizer import THREADED_LINES, Tokenizer, train_tokenizer
 from transformer_nmt.errors import DataError
 
 
@@ -12,6 +12,20 @@ def tokenizer(parallel_files, tmp_path) -> Tokenizer:
   src, tgt, _ = data_lib.read_parallel(*parallel_files)
   return train_tokenizer(src + tgt, tmp_path / 'spm.model', vocab_size=60,
                          model_type='unigram')
+
+
+def test_few_lines_are_encoded_one_by_one_and_many_in_one_call(parallel_files, tokenizer,
+                                                              monkeypatch):
+  """Below THREADED_LINES lines SentencePiece gets each line alone (no threads started for a
+  server's request), from there on the list in one threaded call: the same ids either way."""
+  src, _, _ = data_lib.read_parallel(*parallel_files)
+  lines = (src * THREADED_LINES)[:THREADED_LINES]
+  given, encode = [], tokenizer._sp.encode
+  monkeypatch.setattr(tokenizer._sp, 'encode',
+                      lambda x, **kw: given.append(type(x).__name__) or encode(x, **kw))
+  few, many = tokenizer.encode(lines[:-1]), tokenizer.encode(lines)
+  assert given == ['str'] * (THREADED_LINES - 1) + ['list']
+  assert few == many[:-1] and few[0] and all(isinstance(i, int) for i in few[0])
 
 
 def test_read_parallel_skips_and_counts_empty_pairs(parallel_files):

@@ -25,6 +25,12 @@ import sentencepiece as spm
 from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 
+# SentencePiece encodes a list of lines on threads it starts for each call: for a few lines
+# that costs several times the encoding itself, and in a loaded serve.py, whose event loop
+# costed each sentence that way, the calls took half the loop's time (py-spy). Below this
+# many lines each line is encoded alone (bench/RESULTS.md, 'Tokenizing').
+THREADED_LINES = 64
+
 
 class Tokenizer:
   """A loaded SentencePiece model with the ids the model and decoders need; with a piece
@@ -75,6 +81,8 @@ class Tokenizer:
     """Sentences -> subword ids (no BOS/EOS)."""
     if self.table:
       return [self.table.encode(line, self._sp) for line in lines]
+    if len(lines) < THREADED_LINES:  # one line at a time: no threads to start
+      return [self._sp.encode(line, out_type=int) for line in lines]
     return self._sp.encode(list(lines), out_type=int, num_threads=os.cpu_count() or 1)
 
   def sample(self, lines: Sequence[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:

@@ -262,10 +262,14 @@ class _Service:
         raise ApiError(400, f'{field}[{i}] is not valid Unicode (a lone surrogate)',
                        'bad_json') from None
 
-  def item(self, kind: str, line: str, payload: Any = None) -> _Item:
-    """A sentence as the scheduler queues it, costed by its source subwords with EOS."""
-    tokens = len(self.engine.model.src_tok.encode([line])[0]) + 1
-    return _Item(kind, line if payload is None else payload, tokens)
+  def items(self, kind: str, lines: list[str], payloads: Optional[list[Any]] = None,
+            prefixes: Optional[list[str]] = None) -> list[_Item]:
+    """A request's sentences as the scheduler queues them (payloads: the lines themselves
+    unless given), each costed by its source subwords with EOS, in one call of the
+    tokenizer."""
+    costs = [len(ids) + 1 for ids in self.engine.model.src_tok.encode(lines)]
+    return [_Item(kind, payload, tokens, prefix) for payload, tokens, prefix in
+            zip(lines if payloads is None else payloads, costs, prefixes or [''] * len(lines))]
 
   async def translate(self, request: fastapi.Request) -> Response:
     body = await self.parsed(request, TranslateRequest)
@@ -281,8 +285,7 @@ class _Service:
     scored = (body.return_scores or body.return_alignment or body.return_attention
               or body.n_best > 1)
     kind = 'hypotheses' if scored else 'translate'
-    items = [dataclasses.replace(self.item(kind, line), prefix=prefix)
-             for line, prefix in zip(body.text, prefixes)]
+    items = self.items(kind, body.text, prefixes=prefixes)
     if not scored:
       answer: Callable[[Any], dict[str, Any]] = lambda text: {'text': text}
     else:
@@ -301,8 +304,8 @@ class _Service:
     if len(body.source) != len(body.target):
       raise ApiError(422, f'source has {len(body.source)} sentences and target '
                      f'{len(body.target)}: they must pair up', 'invalid')
-    found = await self.run(request, [self.item('score', s, (s, t))
-                                     for s, t in zip(body.source, body.target)])
+    found = await self.run(request, self.items('score', body.source,
+                                                list(zip(body.source, body.target))))
     scores = [{'logprob': h.logprob, 'score': h.score} for _, h in found]
     return JSONResponse({'scores': scores, 'model': self.model_info})
 
