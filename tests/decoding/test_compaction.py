@@ -126,7 +126,8 @@ def test_an_array_shared_by_two_fields_is_copied_by_the_host_resize():
 
 @pytest.mark.parametrize('live, rows, min_rows, size', [
     (100, 256, 8, 128), (129, 256, 8, 192), (200, 256, 8, 256), (100, 160, 8, 128),
-    (13, 256, 8, 16), (3, 256, 8, 8), (0, 64, 8, 8), (5, 12, 8, 8), (1, 2, 1, 1), (3, 256, 1, 3)])
+    (13, 256, 8, 16), (3, 256, 8, 8), (0, 64, 8, 8), (5, 12, 8, 8), (1, 2, 1, 1),
+    (3, 256, 1, 4), (2, 256, 1, 2), (5, 256, 1, 8), (9, 256, 1, 12)])
 def test_compacted_size(live, rows, min_rows, size):
   assert compacted_size(live, rows, min_rows) == size
 

@@ -4,10 +4,10 @@ A search jitted as one loop (`decoding.Search.run`) steps every row until the la
 done; in a batch of 5- to 40-token sentences most of the work then goes to rows already
 finished. `CompactingDecoder` runs the search `chunk` steps per call and, between calls, reads
 which rows are done and gathers the live ones into a smaller batch once one of the ladder
-8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences after every
-step). It also grows the self-attention cache in `decoding.cache_stages`. Each (rows, cache
-length) pair it meets compiles its own step, so the first batches compile more than the
-single loop does; later batches of the same shapes reuse them. A state may come with the
+1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences
+after every step). It also grows the self-attention cache in `decoding.cache_stages`. Each
+(rows, cache length) pair it meets compiles its own step, so the first batches compile more
+than the single loop does; later batches of the same shapes reuse them. A state may come with the
 first stage's steps taken (`begun`: translate.CompactingTranslate's start program takes
 them). On a CPU, where the state is host memory, the gathers and the cache growth run in
 numpy and compile nothing (on other devices each (rows, length) pair compiles a small program
@@ -73,12 +73,13 @@ def resized_on_host(state: Any, resize: Callable[[Any], Any]) -> Any:
 
 
 def compacted_size(live: int, rows: int, min_rows: int) -> int:
-  """Batch size to continue with: the smallest size of the ladder 8, 12, 16, 24, 32, 48, ...
-  (powers of two and 1.5x them, at least `min_rows`) that holds the `live` rows, or `rows`
-  (no compaction) when that is no smaller. The ladder bounds the shapes that compile."""
+  """Batch size to continue with: the smallest size of the ladder 1, 2, 4, 8, 12, 16, 24, 32,
+  48, ... (powers of two, and from 8 on 1.5x them too; at least `min_rows`) that holds the
+  `live` rows, or `rows` (no compaction) when that is no smaller. The ladder is the one
+  batches start at (`batch_sizes`), which bounds the shapes that compile."""
   size = max(min_rows, 1)
   while size < live:
-    size = size * 3 // 2 if size & (size - 1) == 0 and size >= 2 else _next_power_of_two(size)
+    size = size * 3 // 2 if size & (size - 1) == 0 and size >= 8 else _next_power_of_two(size)
   return min(size, rows)
 
 

@@ -10,9 +10,12 @@ import numpy as np
 
 from transformer_nmt.data import batching as data_lib
 
-# Compaction never leaves a batch fewer rows than this: each smaller size would be programs
-# of its own.
-MIN_ROWS = 8
+# Compaction never leaves a batch fewer rows than this. Down to one row: a batch's last
+# unfinished sentences (beam search's bound keeps a few to their length limit) then decode
+# at the cost of their own rows, in the programs that batches of 1, 2 and 4 sentences start
+# with (precompiled too), where a floor of 8 rows made them pay for 8 (bench/RESULTS.md,
+# 'Compaction down to one row').
+MIN_ROWS = 1
 # A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...), no fewer than
 # this: a lone sentence padded to 8 rows decodes 1.6x (Multi30k) to 3x (OPUS-MT's 58k
 # vocabulary) slower (bench/RESULTS.md, 'Small jobs: batches of as few rows as they need').
