@@ -8,20 +8,17 @@ their ratio, and the lines they translate differently (none: the same values are
 """
 
 import side_by_side
-from absl import app, flags
+from absl import app
 
-from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import attention
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
-_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
-_LINES = flags.DEFINE_integer('lines', 1000, 'First lines of --input to translate.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternating rounds (after one to compile).')
+_OPTIONS = side_by_side.define_flags(lines=1000, rounds=3)
 
 
 def main(_):
-  slots = Engine.load(_WORKDIR.value)
+  options = _OPTIONS()
+  slots = Engine.load(options.workdir)
   moved = Engine(slots.model, slots.decode)
 
   def moving(lines: list[str]) -> list[str]:
@@ -30,7 +27,7 @@ def main(_):
       return moved.translate(lines)
   print(f'beam {slots.decode.beam_size}, {slots.concurrent_batches} decoding threads')
   side_by_side.compare({'keys and values moved (before)': moving, 'slots moved': slots.translate},
-                       read_lines(_INPUT.value)[:_LINES.value], _ROUNDS.value)
+                       options.lines, options.rounds)
 
 
 if __name__ == '__main__':

@@ -8,28 +8,24 @@ differently (none should: compaction only drops finished rows).
 """
 
 import side_by_side
-from absl import app, flags
+from absl import app
 
-from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference import batches
 from transformer_nmt.inference.engine import Engine
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
-_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
-_LINES = flags.DEFINE_integer('lines', 500, 'First lines of --input to translate.')
-_ROUNDS = flags.DEFINE_integer('rounds', 2, 'Alternating rounds (after one to compile).')
-_CALLS = flags.DEFINE_integer('calls', 250, 'Lines per call in the shuffled way.')
+_OPTIONS = side_by_side.define_flags(lines=500, rounds=2, calls=250)
 
 
 def main(_):
+  options = _OPTIONS()
   with side_by_side.patched(batches, {'MIN_ROWS': 8}):  # read when the engine is made
-    before = Engine.load(_WORKDIR.value)
-  now = Engine.load(_WORKDIR.value)
+    before = Engine.load(options.workdir)
+  now = Engine.load(options.workdir)
   print(f'beam {now.decode.beam_size}, beam_stop {now.decode.beam_stop}, '
         f'{now.concurrent_batches} decoding threads')
   side_by_side.compare({'floor of 8 rows (before)': before.translate,
                         f'floor of {batches.MIN_ROWS} row': now.translate},
-                       read_lines(_INPUT.value)[:_LINES.value], _ROUNDS.value, _CALLS.value)
+                       options.lines, options.rounds, options.calls)
 
 
 if __name__ == '__main__':

@@ -9,27 +9,23 @@ Decoding's default precision follows from it (inference/loading.default_dtype).
 """
 
 import side_by_side
-from absl import app, flags
+from absl import app
 
-from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference import host_cpu
 from transformer_nmt.inference.engine import Engine
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
-_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
-_LINES = flags.DEFINE_integer('lines', 400, 'First lines of --input to translate.')
-_ROUNDS = flags.DEFINE_integer('rounds', 2, 'Alternating rounds (after one to compile).')
-_CALLS = flags.DEFINE_integer('calls', 200, 'Lines per call in the shuffled way.')
+_OPTIONS = side_by_side.define_flags(lines=400, rounds=2, calls=200)
 
 
 def main(_):
-  engines = {dtype: Engine.load(_WORKDIR.value, dtype=dtype)
+  options = _OPTIONS()
+  engines = {dtype: Engine.load(options.workdir, dtype=dtype)
              for dtype in ('bfloat16', 'float32')}
   print(f'bfloat16 instructions: {host_cpu.has_bfloat16()}; beam '
         f'{engines["float32"].decode.beam_size}, '
         f'{engines["float32"].concurrent_batches} decoding threads')
   side_by_side.compare({dtype: e.translate for dtype, e in engines.items()},
-                       read_lines(_INPUT.value)[:_LINES.value], _ROUNDS.value, _CALLS.value)
+                       options.lines, options.rounds, options.calls)
 
 
 if __name__ == '__main__':

@@ -15,16 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import side_by_side
-from absl import app, flags
+from absl import app
 
-from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import sums
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
-_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
-_LINES = flags.DEFINE_integer('lines', 1000, 'First lines of --input to translate.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternating rounds (after one to compile).')
+_OPTIONS = side_by_side.define_flags(lines=1000, rounds=3)
 
 _LIBRARY = {'total': jnp.sum, 'maximum': jnp.max, 'softmax': jax.nn.softmax,
             'logsumexp': jax.nn.logsumexp,
@@ -32,7 +28,8 @@ _LIBRARY = {'total': jnp.sum, 'maximum': jnp.max, 'softmax': jax.nn.softmax,
 
 
 def main(_):
-  halving = Engine.load(_WORKDIR.value)
+  options = _OPTIONS()
+  halving = Engine.load(options.workdir)
   halving = Engine(halving.model, dataclasses.replace(halving.decode, batch_invariant=True))
   library = Engine(halving.model, halving.decode)
   default = Engine(halving.model, dataclasses.replace(halving.decode, batch_invariant=False))
@@ -40,12 +37,12 @@ def main(_):
   def library_way(lines: list[str]) -> list[str]:
     with side_by_side.patched(sums, _LIBRARY):  # programs traced summing as the libraries do
       return library.translate(lines)
-  lines = read_lines(_INPUT.value)[:_LINES.value]
+  lines = options.lines
   print(f'beam {halving.decode.beam_size}, {halving.concurrent_batches} decoding threads')
   side_by_side.compare({'library sums (before)': library_way, 'halving sums': halving.translate},
-                       lines, _ROUNDS.value)
+                       lines, options.rounds)
   side_by_side.compare({'halving sums': halving.translate, 'default programs': default.translate},
-                       lines, _ROUNDS.value)
+                       lines, options.rounds)
 
 
 if __name__ == '__main__':

@@ -11,17 +11,13 @@ translate differently (the logits' dots add in another order).
 import jax
 import jax.numpy as jnp
 import side_by_side
-from absl import app, flags
+from absl import app
 
-from transformer_nmt.data.batching import read_lines
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import attention
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
-_INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
-_LINES = flags.DEFINE_integer('lines', 1000, 'First lines of --input to translate.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Alternating rounds (after one to compile).')
-_CALLS = flags.DEFINE_integer('calls', 250, 'Lines per call in the shuffled way.')
+_OPTIONS = side_by_side.define_flags(lines=1000, rounds=3, calls=250)
+
 
 Cache = attention.KVCache
 
@@ -84,7 +80,8 @@ _BEFORE = {'zeros': classmethod(_zeros), 'append': _append, 'resize': _resize, '
 
 
 def main(_):
-  engine = Engine.load(_WORKDIR.value)
+  options = _OPTIONS()
+  engine = Engine.load(options.workdir)
   before = Engine(engine.model, engine.decode)
 
   def transposed(lines: list[str]) -> list[str]:
@@ -93,7 +90,7 @@ def main(_):
   print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
   side_by_side.compare({'keys [B, H, Dh, L] (before)': transposed,
                         'keys [B, H, L, Dh]': engine.translate},
-                       read_lines(_INPUT.value)[:_LINES.value], _ROUNDS.value, _CALLS.value)
+                       options.lines, options.rounds, options.calls)
 
 
 if __name__ == '__main__':

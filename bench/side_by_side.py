@@ -4,13 +4,42 @@ the way before. Used by batch_invariance.py, beam_cache.py, compaction_floor.py,
 cpu_dtype.py, halving_sums.py and key_layout.py."""
 
 import contextlib
+import dataclasses
 import random
 import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from absl import flags
+
+from transformer_nmt.data.batching import read_lines
 
 Translate = Callable[[list[str]], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What a side-by-side script is told: the workdir, the lines to translate, the rounds and
+  the lines per shuffled call (0: no shuffled way)."""
+
+  workdir: str
+  lines: list[str]
+  rounds: int
+  calls: int
+
+
+def define_flags(lines: int, rounds: int, calls: int = 0) -> Callable[[], Options]:
+  """Defines --workdir, --input, --lines, --rounds and (with `calls`) --calls, with these
+  defaults; returns what reads them once parsed."""
+  workdir = flags.DEFINE_string('workdir', None, 'Trained or imported workdir.', required=True)
+  given = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
+  first = flags.DEFINE_integer('lines', lines, 'First lines of --input to translate.')
+  round_count = flags.DEFINE_integer('rounds', rounds, 'Alternating rounds (after one to '
+                                     'compile).')
+  per_call = (flags.DEFINE_integer('calls', calls, 'Lines per call in the shuffled way.')
+              if calls else None)
+  return lambda: Options(workdir.value, read_lines(given.value)[:first.value],
+                         round_count.value, per_call.value if per_call else 0)
 
 
 @contextlib.contextmanager
