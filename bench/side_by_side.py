@@ -39,7 +39,7 @@ def define_flags(lines: int, rounds: int, calls: int = 0) -> Callable[[], Option
   per_call = (flags.DEFINE_integer('calls', calls, 'Lines per call in the shuffled way.')
               if calls else None)
   return lambda: Options(workdir.value, read_lines(given.value)[:first.value],
-                         round_count.value, per_call.value if per_call else 0)
+                         round_count.value, 0 if per_call is None else per_call.value)
 
 
 @contextlib.contextmanager
