@@ -45,6 +45,9 @@ flags.DEFINE_float('timeout_s', 60.0, 'Seconds a request may take: 504 after, an
                    'sentences not yet run are dropped.', lower_bound=0.001)
 flags.DEFINE_integer('max_queue_sentences', 4096, 'Sentences that may wait for a batch; more '
                      'get 503 with Retry-After.', lower_bound=1)
+flags.DEFINE_bool('gc_freeze', True, 'Once warm, leave the objects alive then out of garbage '
+                  'collection (compiling leaves millions, which each full collection would walk '
+                  'with every request stalled); --nogc_freeze: collect them as usual.')
 flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests must send as '
                     '"Authorization: Bearer KEY" (all but /health).')
 flags.DEFINE_integer('precompile_rows', None, 'Before /health says ready: the programs '
@@ -86,7 +89,8 @@ def run() -> None:
   rows = engine.decode.tokens_per_batch if f.precompile_rows is None else f.precompile_rows
   warm = lambda: engine.precompile(rows, f.precompile_length, scoring=True)
   server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms,
-                    mix_requests=f.batch_across_requests, warm=warm)
+                    mix_requests=f.batch_across_requests, warm=warm,
+                    freeze_after_warm=f.gc_freeze)
   print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '
         '(ready once /health says so)', flush=True)
   # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it

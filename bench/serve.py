@@ -76,6 +76,7 @@ class Phase:
   fill: float = 0.0
   busy: float = 0.0  # the server's time in batches / the phase's time (1.0: never idle)
   compiled: float = 0.0
+  gc_seconds: float = 0.0  # the server's garbage collections (the process stood still)
 
   def row(self, server: str) -> str:
     q = (statistics.quantiles(self.latencies, n=100) if len(self.latencies) > 1
@@ -86,13 +87,13 @@ class Phase:
             f'{self.sentences / self.seconds:.1f} | {1000 * q[49]:.0f} | {1000 * q[94]:.0f} | '
             f'{1000 * q[98]:.0f} | {self.rss_start / 2**20:.0f} / {self.rss_peak / 2**20:.0f} /'
             f' {self.rss_end / 2**20:.0f} | {self.fill:.2f} | {self.busy:.2f} | '
-            f'{self.compiled:.0f} | '
+            f'{self.compiled:.0f} | {self.gc_seconds:.2f} | '
             f'{"-" if self.mismatches is None else self.mismatches} |')
 
 
 HEADER = ('| server | phase | requests | failed | sentences/s | p50 ms | p95 ms | p99 ms | '
-          'RSS MiB start / peak / end | batch fill | busy | compiled | not as decode.py |\n'
-          '| --- | --- |' + ' ---: |' * 11)
+          'RSS MiB start / peak / end | batch fill | busy | compiled | GC s | '
+          'not as decode.py |\n| --- | --- |' + ' ---: |' * 12)
 
 
 def rss(pid: int) -> int:
@@ -113,6 +114,11 @@ def metrics(port: int) -> dict[str, float]:
       name, value = line.rsplit(' ', 1)
       out[name] = float(value)
   return out
+
+
+def gc_seconds(values: dict[str, float]) -> float:
+  """nmt_gc_seconds summed over the generations (0 for a server without it)."""
+  return sum(v for k, v in values.items() if k.startswith('nmt_gc_seconds{'))
 
 
 def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], clients: int,
@@ -179,6 +185,7 @@ def load(port: int, pid: int, lines: list[str], reference: Optional[list[str]], 
   busy = after['nmt_batch_seconds_total'] - before['nmt_batch_seconds_total']
   phase.busy = busy / phase.seconds
   phase.compiled = after['nmt_programs_compiled'] - before['nmt_programs_compiled']
+  phase.gc_seconds = gc_seconds(after) - gc_seconds(before)
   return phase
 
 

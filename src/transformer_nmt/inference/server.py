@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import hmac
 import json
 import logging
@@ -323,13 +324,21 @@ class _Service:
 
 
 def warm_up(warm: Callable[[], None], ready: threading.Event,
-            end: Callable[[int], None] = os._exit) -> None:
+            end: Callable[[int], None] = os._exit, freeze: bool = True) -> None:
   """Runs `warm`, then sets `ready`. A server that cannot warm up cannot serve: a UserError
   (e.g. heap.check_memory_maps) ends the process with its one line and code 2, anything else
   with its traceback and code 1 (`end`: os._exit, since this is not the main thread; no
-  request is in flight before ready)."""
+  request is in flight before ready). With `freeze`, the objects alive once warm are left out
+  of garbage collection from then on (`gc.freeze`): compiling leaves millions of them (traces
+  and lowered programs that live as long as the process), and every full collection walked
+  them all while holding the GIL, so that no request moved meanwhile (bench/RESULTS.md,
+  'Garbage collection after warm-up'). The price: a reference cycle among them that becomes
+  garbage later is never freed."""
   try:
     warm()
+    if freeze:
+      gc.collect()
+      gc.freeze()
   except UserError as e:
     print(f'error: warm-up stopped: {e}', file=sys.stderr, flush=True)
     end(2)
@@ -343,13 +352,14 @@ def warm_up(warm: Callable[[], None], ready: threading.Event,
 
 def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
              max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
-             mix_requests: bool = True,
-             warm: Optional[Callable[[], None]] = None) -> fastapi.FastAPI:
+             mix_requests: bool = True, warm: Optional[Callable[[], None]] = None,
+             freeze_after_warm: bool = True) -> fastapi.FastAPI:
   """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
   engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
   `warm` (e.g. precompiling) runs in a thread at start-up; until it returns /health answers
-  503 and the /v1 endpoints 503 with Retry-After. `api_key` guards everything but /health
-  (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
+  503 and the /v1 endpoints 503 with Retry-After; then, with `freeze_after_warm`, what it
+  left alive is frozen out of garbage collection (warm_up). `api_key` guards everything but
+  /health (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
   request's sentences (no batching across requests: bench/serve.py's comparison)."""
   limits.check()
   service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests)
@@ -357,8 +367,8 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   @contextlib.asynccontextmanager
   async def lifespan(_: fastapi.FastAPI):
     if warm is not None:
-      threading.Thread(target=warm_up, args=(warm, service.ready), name='warm',
-                       daemon=True).start()
+      args = (warm, service.ready, os._exit, freeze_after_warm)
+      threading.Thread(target=warm_up, args=args, name='warm', daemon=True).start()
     yield
     service.scheduler.close()  # uvicorn has finished the requests in flight by now
 

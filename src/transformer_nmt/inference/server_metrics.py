@@ -1,8 +1,11 @@
 """serve.py's Prometheus metrics: requests, errors by kind, latency, the scheduler's queue
-and batches, tokens, and the programs loaded from the store or compiled by XLA."""
+and batches, tokens, the programs loaded from the store or compiled by XLA, and the time the
+garbage collector held the process."""
 
 from __future__ import annotations
 
+import gc
+import time
 from typing import Any, Callable
 
 import jax
@@ -41,6 +44,12 @@ class Metrics:
                           '(flat once warm: a rise means a request waited for a compile)',
                           registry=r)
     compiled.set_function(lambda: _compiles.count)
+    paused = prom.Gauge('nmt_gc_seconds', "Seconds the garbage collector ran, by generation "
+                        '(the process stands still meanwhile: every thread waits for the GIL)',
+                        ['generation'], registry=r)
+    for generation in range(len(_gc_pauses.seconds)):
+      paused.labels(str(generation)).set_function(
+          lambda g=generation: _gc_pauses.seconds[g])
 
 
 class _Compiles:
@@ -56,3 +65,22 @@ class _Compiles:
 
 
 _compiles = _Compiles()
+
+
+class _GcPauses:
+  """Sums the process's garbage collection time per generation (gc.callbacks, once per
+  process: apps come and go in tests, the collector is one)."""
+
+  def __init__(self):
+    self.seconds = [0.0] * len(gc.get_count())
+    self._began = 0.0
+    gc.callbacks.append(self._heard)
+
+  def _heard(self, phase: str, info: dict[str, int]) -> None:
+    if phase == 'start':
+      self._began = time.perf_counter()
+    else:
+      self.seconds[info['generation']] += time.perf_counter() - self._began
+
+
+_gc_pauses = _GcPauses()
