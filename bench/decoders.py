@@ -96,7 +96,7 @@ def translate_rows(cfg: ModelConfig, params: Any, spec: SearchSpec, rows: Sequen
   def decode(i: int) -> np.ndarray:
     ids = np.asarray(run(params, *data_lib.pad_rows(rows, plans[i], pad_id)[:2]))
     if jax.default_backend() == 'cpu':
-      heap.release_free_memory()
+      heap.release_free_memory(heap.TRIM_AFTER_GROWTH)
     return ids
 
   out: list[np.ndarray] = [np.zeros(0, np.int32)] * len(rows)

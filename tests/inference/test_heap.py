@@ -30,6 +30,23 @@ def test_free_pages_go_back_to_the_system():
   assert _resident_bytes() < kept - (kept - before) // 2
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc on Linux only')
+def test_a_trim_waits_until_the_resident_memory_has_grown():
+  """With `after_growth` a trim is due only once the resident memory rose that much since the
+  last trim: freed pages stay resident until then, and go back once it is due."""
+  if heap._malloc_trim() is None:
+    pytest.skip('this C library has no malloc_trim')
+  assert heap.release_free_memory()  # the mark: the resident memory after this trim
+  assert heap.resident_bytes() == _resident_bytes()
+  arrays = [np.ones(8 * 1024, np.float64) for _ in range(8000)]  # 64 KiB each, ~0.5 GB
+  del arrays[:-1]
+  kept = _resident_bytes()
+  assert heap.release_free_memory(after_growth=1 << 40) is False  # not due
+  assert _resident_bytes() > kept - 50 * 2**20  # nothing went back
+  assert heap.release_free_memory(after_growth=256 * 2**20)  # ~0.5 GB grown: due
+  assert _resident_bytes() < kept - 200 * 2**20
+
+
 def test_without_malloc_trim_nothing_happens(monkeypatch):
   monkeypatch.setattr(heap, '_malloc_trim', lambda: None)
   assert heap.release_free_memory() is False

@@ -208,7 +208,7 @@ class Engine:
     rng = None if self._rng is None else jax.random.fold_in(self._rng, index)
     ids = np.asarray(self._translate(params, src, segments, rng=rng, **extra))
     if self._host_state:  # the batch's state, freed by now, was host memory (heap.py)
-      heap.release_free_memory()
+      heap.release_free_memory(heap.TRIM_AFTER_GROWTH)
     return ids
 
   def precompile(self, max_rows: int = PRECOMPILE_ROWS,

@@ -4,8 +4,14 @@ and the memory maps that compiled programs hold.
 On a CPU a batch's decoder state and its programs' working buffers are host memory. glibc's
 malloc keeps what they free in its heaps, one per thread, and fragmented heaps are not
 shrunk, so a long job's resident memory kept growing with the largest batches it had met.
-`malloc_trim` after each batch returns the free pages: a lower peak on all of test2016, at
-about the same speed. Fewer heaps fragment less: with `limit_heaps(2)` the same job, its
+`malloc_trim` after a batch returns the free pages: a lower peak on all of test2016, at
+about the same speed. A trim walks every free chunk of every heap, though, and asks the
+kernel to drop each one's pages: once the compiler has run in the process, the heaps hold
+so many that trimming after every batch slowed a server that had compiled its programs at
+start well below one that had loaded them, each trim holding the heaps' locks meanwhile
+(bench/RESULTS.md, 'A freshly compiled server'). So batches trim only once the resident
+memory has grown by `TRIM_AFTER_GROWTH` since the last trim: what a long job's batches
+leave is still returned. Fewer heaps fragment less: with `limit_heaps(2)` the same job, its
 programs stored, peaked lower again at the same speed, but a run that compiles its programs
 took longer, its compiler threads waiting on the two heaps. Measured: bench/RESULTS.md, 'Time
 to translation' ('Less memory per batch' and 'two malloc heaps').
@@ -22,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import mmap
 import pathlib
 from typing import Callable, Optional
 
@@ -31,6 +38,10 @@ _M_ARENA_MAX = -8  # mallopt's parameter for the most heaps (arenas), glibc's ma
 # Making programs stops past this share of the limit on memory maps: the rest is room for
 # the batches' buffers, which glibc maps one by one above its threshold (128 KiB).
 MAPS_SHARE = 0.9
+# A batch trims the heaps once the resident memory is this much above its size after the
+# last trim (release_free_memory).
+TRIM_AFTER_GROWTH = 64 << 20
+_resident_after_trim = [0]  # bytes; written by whichever thread trimmed last
 
 
 @functools.cache
@@ -72,14 +83,33 @@ def heaps_for(requested: int, programs: Optional[pathlib.Path], compiling: bool 
   return 2 if stored and not compiling else 0
 
 
-def release_free_memory() -> bool:
-  """Returns the C heap's free pages to the operating system; False where that is not
-  possible. Safe from any thread (malloc_trim locks each heap in turn)."""
+def release_free_memory(after_growth: int = 0) -> bool:
+  """Returns the C heap's free pages to the operating system once the process's resident
+  memory is `after_growth` bytes or more above what it was after the last trim (0: now).
+  True when it trimmed; False where that is not possible or not due. Safe from any thread
+  (malloc_trim locks each heap in turn; two threads may both trim)."""
   trim = _malloc_trim()
   if trim is None:
     return False
+  if after_growth > 0:
+    resident = resident_bytes()
+    if resident is not None and resident < _resident_after_trim[0] + after_growth:
+      return False
   trim(0)
+  _resident_after_trim[0] = resident_bytes() or 0
   return True
+
+
+def resident_bytes() -> Optional[int]:
+  """This process's resident memory, or None where /proc does not say."""
+  try:
+    with open('/proc/self/statm', 'rb') as f:
+      return int(f.read().split()[1]) * _PAGE
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+_PAGE = mmap.PAGESIZE
 
 
 def memory_maps() -> Optional[tuple[int, int]]:
