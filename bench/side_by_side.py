@@ -1,7 +1,7 @@
 """Two ways of translating the same lines, timed side by side in one process (this machine
 is noisy: only ratios measured together mean something), and `patched` to trace one of them
 the way before. Used by batch_invariance.py, beam_cache.py, compaction_floor.py,
-cpu_dtype.py, halving_sums.py and key_layout.py."""
+cpu_dtype.py, halving_sums.py, heap_trim.py and key_layout.py."""
 
 import contextlib
 import dataclasses
