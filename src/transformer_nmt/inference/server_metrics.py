@@ -44,9 +44,9 @@ class Metrics:
                           '(flat once warm: a rise means a request waited for a compile)',
                           registry=r)
     compiled.set_function(lambda: _compiles.count)
-    paused = prom.Gauge('nmt_gc_seconds', "Seconds the garbage collector ran, by generation "
-                        '(the process stands still meanwhile: every thread waits for the GIL)',
-                        ['generation'], registry=r)
+    paused = prom.Gauge('nmt_gc_seconds', 'Seconds the garbage collector ran, by generation '
+                        '(threads that need the GIL wait meanwhile: the event loop, the Python '
+                        'between programs)', ['generation'], registry=r)
     for generation in range(len(_gc_pauses.seconds)):
       paused.labels(str(generation)).set_function(
           lambda g=generation: _gc_pauses.seconds[g])
