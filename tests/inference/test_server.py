@@ -121,24 +121,22 @@ def test_streamed_answers_one_line_per_sentence(client, lines, expected):
   assert all('hypotheses' in json.loads(line) for line in scored[:-1])
 
 
+def metric(client, series: str) -> float:
+  """The value of one series (name and labels) in /metrics."""
+  return float(next(line for line in client.get('/metrics').text.splitlines()
+                    if line.startswith(series + ' ')).split()[-1])
+
+
 def test_programs_compiled_counts_compiles(client):
-  def compiled() -> float:
-    text = client.get('/metrics').text
-    return float(next(line for line in text.splitlines()
-                      if line.startswith('nmt_programs_compiled ')).split()[-1])
-  before = compiled()
+  before = metric(client, 'nmt_programs_compiled')
   jax.jit(lambda x: x * 3 + 1)(np.ones(7, np.float32))  # a program never compiled before
-  assert compiled() == before + 1
+  assert metric(client, 'nmt_programs_compiled') == before + 1
 
 
 def test_gc_seconds_sum_the_collections(client):
-  def seconds() -> float:
-    text = client.get('/metrics').text
-    return float(next(line for line in text.splitlines()
-                      if line.startswith('nmt_gc_seconds{generation="2"}')).split()[-1])
-  before = seconds()
+  before = metric(client, 'nmt_gc_seconds{generation="2"}')
   gc.collect()  # a full collection: generation 2
-  assert seconds() > before
+  assert metric(client, 'nmt_gc_seconds{generation="2"}') > before
 
 
 def test_warm_up_leaves_what_it_left_alive_out_of_garbage_collection():
