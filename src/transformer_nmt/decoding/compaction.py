@@ -7,9 +7,9 @@ which rows are done and gathers the live ones into a smaller batch once one of t
 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences
 after every step). It also grows the self-attention cache in `decoding.cache_stages`. Each
 (rows, cache length) pair it meets compiles its own step, so the first batches compile more
-than the single loop does; later batches of the same shapes reuse them. A state may come with the
-first stage's steps taken (`begun`: translate.CompactingTranslate's start program takes
-them). On a CPU, where the state is host memory, the gathers and the cache growth run in
+than the single loop does; later batches of the same shapes reuse them. A state may come
+with the first stage's steps taken (`begun`: translate.CompactingTranslate's start program
+takes them). On a CPU, where the state is host memory, the gathers and the cache growth run in
 numpy and compile nothing (on other devices each (rows, length) pair compiles a small program
 for them).
 
@@ -120,7 +120,7 @@ class CompactingDecoder:
     search_of: the search for outputs of a given (static) length L.
     logits_fn_of: parameters -> the decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`.
     chunk: steps per call; rows are checked and compacted between calls.
-    min_rows: never compact below this many rows (small batches cost about the same).
+    min_rows: never compact below this many rows (the engine's: inference/batches.MIN_ROWS).
     jit: compiles its programs (search.plain_jit, or a ProgramStore's, which keeps them
       across runs).
     host_compaction: gather rows and grow caches in numpy, not in compiled programs; None:
@@ -128,7 +128,7 @@ class CompactingDecoder:
   """
 
   def __init__(self, search_of: Callable[[int], Search], logits_fn_of: Callable[[Any], LogitsFn],
-               chunk: int = DECODE.chunk, min_rows: int = 8,
+               chunk: int = DECODE.chunk, min_rows: int = 1,
                jit: Jit = plain_jit, host_compaction: Optional[bool] = None):
     self.search_of, self.logits_fn_of = search_of, logits_fn_of
     self.host_compaction = host_compaction

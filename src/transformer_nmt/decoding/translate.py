@@ -118,7 +118,7 @@ class CompactingTranslate:
   place in the batch. `jit` compiles its programs (plain_jit, or a ProgramStore's, which
   keeps them across runs); batches are never compacted below `min_rows` rows."""
 
-  def __init__(self, cfg: Models, spec: SearchSpec, *, min_rows: int = 8,
+  def __init__(self, cfg: Models, spec: SearchSpec, *, min_rows: int = 1,
                jit: Jit = plain_jit):
     self.cfg, self.spec = cfg, spec
     self.decoder = CompactingDecoder(lambda length: search_for(spec, length),

@@ -42,6 +42,7 @@ MAPS_SHARE = 0.9
 # last trim (release_free_memory).
 TRIM_AFTER_GROWTH = 64 << 20
 _resident_after_trim = [0]  # bytes; written by whichever thread trimmed last
+_PAGE = mmap.PAGESIZE
 
 
 @functools.cache
@@ -107,9 +108,6 @@ def resident_bytes() -> Optional[int]:
       return int(f.read().split()[1]) * _PAGE
   except (OSError, ValueError, IndexError):
     return None
-
-
-_PAGE = mmap.PAGESIZE
 
 
 def memory_maps() -> Optional[tuple[int, int]]:
