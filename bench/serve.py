@@ -13,6 +13,15 @@ failures, sentences/s, latency p50/p95/p99, the server's resident memory (peak a
 end) sampled every 0.2 s, the mean batch fill and the XLA programs compiled during the phase
 (/metrics). With --reference (decode.py's translations of --input with the same settings)
 every translation is compared with its line.
+
+With --rounds N (N > 1) every --servers server is started first and kept up (an idle one
+waits on its queue), then the phase of the last --clients count is run on each in turn, N
+rounds: this machine's speed drifts by 10-20% within minutes, and servers loaded one after
+another compare their minutes as much as their code. Prints each round's ratios and their
+median.
+
+  python bench/serve.py --workdir W --input ../shared/data/multi30k/test2016.en \
+      --servers ours,ours_unbatched --clients 64 --rounds 5
 """
 
 import concurrent.futures
@@ -53,6 +62,9 @@ _BEAM = flags.DEFINE_integer('beam_size', 4, 'Beam size of every server.')
 _MAX_WAIT = flags.DEFINE_float('max_wait_ms', 5.0, "The servers' --max_wait_ms.")
 _OURS_FLAGS = flags.DEFINE_string('serve_flags', '', 'More flags for serve.py (ours and '
                                   "ours_unbatched), e.g. '--precompile_rows=8'.")
+_ROUNDS = flags.DEFINE_integer('rounds', 1, 'Above 1: all servers up at once, the phase of '
+                               'the last --clients count alternated between them this many '
+                               'rounds (see the module docstring).', lower_bound=1)
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the tables into this file, '
                                 'replacing its bench/serve.py section.')
 
@@ -91,6 +103,9 @@ class Phase:
             f'{"-" if self.mismatches is None else self.mismatches} |')
 
 
+# The targets' ratios: (server, the server it is measured against)
+PAIRS = (('ours', 'ctranslate2'), ('ours', 'ours_unbatched'),
+         ('ctranslate2', 'ctranslate2_unbatched'))
 HEADER = ('| server | phase | requests | failed | sentences/s | p50 ms | p95 ms | p99 ms | '
           'RSS MiB start / peak / end | batch fill | busy | compiled | GC s | '
           'not as decode.py |\n| --- | --- |' + ' ---: |' * 12)
@@ -219,6 +234,11 @@ def free_port() -> int:
     return probe.getsockname()[1]
 
 
+def stop(server: str, process: subprocess.Popen) -> str:
+  process.send_signal(signal.SIGTERM)
+  return f'{server}: exit code {process.wait(120)} after SIGTERM'
+
+
 def serve_and_load(server: str, lines: list[str], reference: Optional[list[str]]
                    ) -> tuple[list[str], list[Phase]]:
   port = free_port()
@@ -234,15 +254,52 @@ def serve_and_load(server: str, lines: list[str], reference: Optional[list[str]]
   for name, clients, sizes, seconds in plan:
     phases.append(load(port, process.pid, lines, reference, clients, sizes, name, seconds))
     print(phases[-1].row(server), flush=True)
-  process.send_signal(signal.SIGTERM)
-  code = process.wait(120)
-  notes.append(f'{server}: exit code {code} after SIGTERM')
+  notes.append(stop(server, process))
   for p in phases:
     if p.rss_windows:
       first, last = p.rss_windows
       notes.append(f'{server}, {p.name}: peak RSS {first / 2**20:.0f} MiB in the first minute, '
                    f'{last / 2**20:.0f} MiB in the last ({100 * (last / first - 1):+.1f}%)')
   return notes, phases
+
+
+def alternate(lines: list[str], reference: Optional[list[str]]
+              ) -> tuple[list[str], list[str], dict[str, list[Phase]]]:
+  """--rounds: every server up at once, the last client count's phase run on each in turn.
+  Returns (table rows, notes, each server's phases in round order)."""
+  clients = int(_CLIENTS.value[-1])
+  up, notes, rows = {}, [], []
+  found: dict[str, list[Phase]] = {server: [] for server in _SERVERS.value}
+  try:
+    for server in _SERVERS.value:  # one at a time: starting compiles or loads programs
+      port = free_port()
+      process, ready = start(server, port)
+      up[server] = (port, process)
+      notes.append(f'{server}: ready {ready:.1f} s after start, RSS '
+                   f'{rss(process.pid) / 2**20:.0f} MiB')
+    for r in range(_ROUNDS.value):
+      for server, (port, process) in up.items():
+        phase = load(port, process.pid, lines, reference, clients, (1, 16),
+                     f'round {r + 1}: {clients} clients, 1-16 sentences', _SECONDS.value)
+        found[server].append(phase)
+        rows.append(phase.row(server))
+        print(rows[-1], flush=True)
+  finally:
+    notes += [stop(server, process) for server, (_, process) in up.items()]
+  return rows, notes, found
+
+
+def round_ratios(found: dict[str, list[Phase]]) -> list[str]:
+  """Each pair's throughput ratio per round, and the median of the rounds."""
+  out = []
+  for a, b in PAIRS:
+    if found.get(a) and found.get(b):
+      each = [(p.sentences / p.seconds) / (q.sentences / q.seconds)
+              for p, q in zip(found[a], found[b])]
+      out.append(f'{a} / {b} sentences/s by round: '
+                 + ', '.join(f'{x:.2f}x' for x in each)
+                 + f'; median **{statistics.median(each):.2f}x**')
+  return out
 
 
 def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -> list[str]:
@@ -268,15 +325,10 @@ def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -
           'them give the server\'s answer']
 
 
-def main(argv):
-  del argv
-  lines = pathlib.Path(_INPUT.value).read_text(encoding='utf-8').splitlines()
-  reference = None
-  if _REFERENCE.value:
-    reference = pathlib.Path(_REFERENCE.value).read_text(encoding='utf-8').splitlines()
-    if len(reference) != len(lines):
-      raise app.UsageError(f'--reference has {len(reference)} lines, --input {len(lines)}')
-  print(HEADER, flush=True)
+def one_by_one(lines: list[str], reference: Optional[list[str]]
+               ) -> tuple[list[str], list[str], dict[str, list[Phase]], list[str]]:
+  """Each server started, loaded through every phase and stopped in turn. Returns (table
+  rows, notes, each server's phases, the ratios of the targets)."""
   rows, notes, throughput, found = [], [], {}, {}
   for server in _SERVERS.value:
     said, phases = serve_and_load(server, lines, reference)
@@ -286,14 +338,9 @@ def main(argv):
     for p in phases:
       throughput[(server, p.name)] = (p.sentences / p.seconds,
                                       statistics.median(p.latencies) if p.latencies else None)
-  if reference is not None:
-    differing = {i: a for server, phases in found.items() if server.startswith('ours')
-                 for p in phases for i, a in p.differing.items()}
-    notes += explain(lines, reference, differing)
   ratios = []
   top = f'{_CLIENTS.value[-1]} clients, 1-16 sentences'
-  for a, b in (('ours', 'ctranslate2'), ('ours', 'ours_unbatched'),
-               ('ctranslate2', 'ctranslate2_unbatched')):
+  for a, b in PAIRS:
     if (a, top) in throughput and (b, top) in throughput:
       ratios.append(f'{top}: {a} / {b} sentences/s = '
                     f'{throughput[(a, top)][0] / throughput[(b, top)][0]:.2f}x')
@@ -301,6 +348,27 @@ def main(argv):
   if ('ours', one) in throughput and ('ctranslate2', one) in throughput:
     gap = throughput[('ours', one)][1] - throughput[('ctranslate2', one)][1]
     ratios.append(f'{one}: p50 ours - ctranslate2 = {1000 * gap:.0f} ms')
+  return rows, notes, found, ratios
+
+
+def main(argv):
+  del argv
+  lines = pathlib.Path(_INPUT.value).read_text(encoding='utf-8').splitlines()
+  reference = None
+  if _REFERENCE.value:
+    reference = pathlib.Path(_REFERENCE.value).read_text(encoding='utf-8').splitlines()
+    if len(reference) != len(lines):
+      raise app.UsageError(f'--reference has {len(reference)} lines, --input {len(lines)}')
+  print(HEADER, flush=True)
+  if _ROUNDS.value > 1:
+    rows, notes, found = alternate(lines, reference)
+    ratios = round_ratios(found)
+  else:
+    rows, notes, found, ratios = one_by_one(lines, reference)
+  if reference is not None:
+    differing = {i: a for server, phases in found.items() if server.startswith('ours')
+                 for p in phases for i, a in p.differing.items()}
+    notes += explain(lines, reference, differing)
   from transformer_nmt.results import machine
   text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/serve.py "
           f"{shlex.join(sys.argv[1:])}`\n\n{HEADER}\n" + '\n'.join(rows) + '\n\n'
