@@ -149,9 +149,9 @@ class _Service:
   async def waited(self, request: fastapi.Request, task: asyncio.Future) -> Any:
     """`task`'s result, unless the request's deadline passes (504) or its client leaves.
     A task waiting on the connection hears the client leave (as Starlette's streamed
-    responses listen), where polling `request.is_disconnected()` four times a second held
-    the event loop for 42% of its time under 64 waiting clients (bench/RESULTS.md, 'Waiting
-    requests polled for their clients')."""
+    responses listen): polling `request.is_disconnected()` four times a second was half of
+    the event loop's time holding the GIL under 64 waiting clients (bench/RESULTS.md,
+    'Waiting requests polled for their clients')."""
     gone = asyncio.ensure_future(_disconnect(request))
     try:
       done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED,
