@@ -16,7 +16,7 @@ every translation is compared with its line.
 
 With --rounds N (N > 1) every --servers server is started first and kept up (an idle one
 waits on its queue), then the phase of the last --clients count is run on each in turn, N
-rounds: this machine's speed drifts by 10-20% within minutes, and servers loaded one after
+rounds: this machine's speed drifts by 10-30% within minutes, and servers loaded one after
 another compare their minutes as much as their code. Prints each round's ratios and their
 median.
 

@@ -58,7 +58,8 @@ def test_bench_serve_alternates_rounds_between_servers_kept_up(tiny_workdir, tmp
   rows = [line.split('|') for line in result.stdout.splitlines()
           if line.startswith('| ours')]
   phases = [(cells[1].strip(), cells[2].strip()) for cells in rows]
-  # the rounds in turn, each server loaded once per round; no other phase
+  # the rounds in turn, each server loaded once per round; no other phase (the rows are
+  # printed as each phase ends, then again in the final table)
   assert phases[:4] == [(server, f'round {r}: 3 clients, 1-16 sentences')
                         for r in (1, 2) for server in ('ours', 'ours_unbatched')], phases
   assert all(int(cells[3]) > 0 and cells[4].strip() == '0' for cells in rows), rows
