@@ -11,7 +11,9 @@ issue 1333) could gain over the compacting decoder on this machine, measured on 
    cache in stages (decoding.cache_stages).
 3. The bound: the start programs as now, and every chunk of an unfinished sentence at the
    cost per row that batches of at least --rows rows pay now (no filler rows, no narrow
-   tails, no idle thread), scaled by table 2 for a cache of each length.
+   tails, no idle thread), scaled by table 2 for a cache of each length; last, for the
+   lengths a batch of --rows sentences refilled after every chunk would need (simulated from
+   the steps each sentence took: `refilled_windows`).
 
   python bench/continuous_batching.py --workdir W --input ../shared/data/multi30k/test2016.en
 """
