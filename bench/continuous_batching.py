@@ -135,6 +135,7 @@ def decode_calls(engine: Engine, lines: list[str], per_call: int) -> tuple[Recor
 
 
 def print_calls(recorder: Recorder, wall: float, threads: int, lines: int) -> None:
+  """Table 1 (module docstring), grouped by program, batch rows and cache length."""
   groups: dict[tuple[int, int], list[Call]] = collections.defaultdict(list)
   for call in recorder.calls:
     groups[call.rows, call.cache].append(call)
