@@ -31,6 +31,9 @@ flags.DEFINE_string('host', '127.0.0.1', 'Address to bind (0.0.0.0: every interf
 flags.DEFINE_integer('port', 8080, 'Port to listen on.', lower_bound=1, upper_bound=65535)
 flags.DEFINE_float('max_wait_ms', 5.0, 'Longest wait for more sentences to fill a batch after '
                    'the first arrives (0: run at once).', lower_bound=0)
+flags.DEFINE_integer('batches_in_flight', 2, 'Batches run at once, each from a thread of '
+                     'its own on the engine\'s decoding threads: a batch starts while the one '
+                     'before decodes its last sentences (1: one after another).', lower_bound=1)
 flags.DEFINE_bool('batch_across_requests', True, 'Let the sentences of concurrent requests '
                   'share batches (--nobatch_across_requests: each batch holds one request\'s).')
 flags.DEFINE_integer('max_connections', 1000, 'Open connections and requests at once; more '
@@ -89,7 +92,8 @@ def run() -> None:
   rows = engine.decode.tokens_per_batch if f.precompile_rows is None else f.precompile_rows
   warm = lambda: engine.precompile(rows, f.precompile_length, scoring=True)
   server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms,
-                    mix_requests=f.batch_across_requests, warm=warm,
+                    mix_requests=f.batch_across_requests,
+                    batches_in_flight=f.batches_in_flight, warm=warm,
                     freeze_after_warm=f.gc_freeze)
   print(f'serving checkpoint step(s) {engine.model.steps} on http://{f.host}:{f.port} '
         '(ready once /health says so)', flush=True)

@@ -86,7 +86,7 @@ class Phase:
   rss_end: int = 0
   rss_windows: tuple = ()  # peak RSS of the first and the last minute of a long phase
   fill: float = 0.0
-  busy: float = 0.0  # the server's time in batches / the phase's time (1.0: never idle)
+  busy: float = 0.0  # the server's time in batches / the phase's time (batches at once count each)
   compiled: float = 0.0
   gc_seconds: float = 0.0  # the server's garbage collections (the process stood still)
 

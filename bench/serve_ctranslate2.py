@@ -25,6 +25,9 @@ _BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'Beam size.')
 _MAX_WAIT = flags.DEFINE_float('max_wait_ms', 5.0, "serve.py's --max_wait_ms.")
 _BATCHING = flags.DEFINE_bool('batch_across_requests', True,
                               "serve.py's --batch_across_requests.")
+_IN_FLIGHT = flags.DEFINE_integer('batches_in_flight', 2, "serve.py's --batches_in_flight; "
+                                  "CTranslate2 runs that many batches at once "
+                                  '(inter_threads), the cores shared between them.')
 _COMPUTE = flags.DEFINE_string('compute_type', 'float32', "CTranslate2's compute type "
                                '(float32: the same arithmetic as ours).')
 
@@ -33,15 +36,17 @@ class CTranslate2Engine:
   """What serve.py's server calls of an Engine (`translate`, `model`, `decode`, `n_best`,
   `store`), answered by CTranslate2 with the run's search settings: beam size, alpha and
   the output limit of input length + decode.max_extra_len (CTranslate2 takes one limit per
-  call: the batch's longest input's)."""
+  call: the batch's longest input's). `in_flight` batches run at once, each on its share of
+  the cores (CTranslate2's inter_threads and intra_threads)."""
 
   def __init__(self, model: LoadedModel, decode: DecodeConfig, directory: str,
-               compute_type: str):
+               compute_type: str, in_flight: int):
     import ctranslate2
     self.model, self.decode, self.n_best, self.store = model, decode, 1, None
     cores = os.cpu_count() or 1
-    self._translator = ctranslate2.Translator(directory, device='cpu', inter_threads=1,
-                                              intra_threads=cores, compute_type=compute_type)
+    self._translator = ctranslate2.Translator(
+        directory, device='cpu', inter_threads=in_flight,
+        intra_threads=max(1, cores // in_flight), compute_type=compute_type)
     tgt = model.tgt_tok
     self._ids = {p: i for i, p in enumerate(tgt.pieces(range(tgt.vocab_size)))}
 
@@ -70,10 +75,10 @@ def main(argv: Sequence[str]) -> None:
   decode = dataclasses.replace(model.decode, beam_size=_BEAM.value).validate()
   with tempfile.TemporaryDirectory(prefix='serve_ct2_') as directory:
     export(model.cfg, model.params, model.src_tok, model.tgt_tok, directory)
-    engine = CTranslate2Engine(model, decode, directory, _COMPUTE.value)
+    engine = CTranslate2Engine(model, decode, directory, _COMPUTE.value, _IN_FLIGHT.value)
     warm = lambda: engine.translate(['a'] * 8)  # noqa: E731 -- its first call allocates
-    server = make_app(engine, max_wait_ms=_MAX_WAIT.value,
-                      mix_requests=_BATCHING.value, warm=warm)
+    server = make_app(engine, max_wait_ms=_MAX_WAIT.value, mix_requests=_BATCHING.value,
+                      batches_in_flight=_IN_FLIGHT.value, warm=warm)
     print(f'CTranslate2 ({_COMPUTE.value}) on http://127.0.0.1:{_PORT.value}', flush=True)
     signal.signal(signal.SIGTERM, lambda *_: None)  # as serve.py: exit 0 after uvicorn's stop
     uvicorn.run(server, host='127.0.0.1', port=_PORT.value, log_level='warning')

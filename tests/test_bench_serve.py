@@ -40,7 +40,8 @@ def test_bench_serve_loads_both_servers_and_checks_answers(tiny_workdir, loaded,
   column = {name.strip(): i for i, name in enumerate(header)}
   for p in ('1 client, 1 sentence', '3 clients, 1-16 sentences'):
     assert rows[('ours', p)][column['not as decode.py']].strip() == '0'
-    assert 0 < float(rows[('ours', p)][column['busy']]) < 1.5  # time in batches / phase time
+    # time in batches / phase time, up to 2 with serve.py's two batches in flight
+    assert 0 < float(rows[('ours', p)][column['busy']]) < 2.5
   assert 'ours / ctranslate2 sentences/s' in result.stdout
 
 

@@ -213,7 +213,7 @@ def test_close_finishes_what_is_queued_then_stops():
   s.close(timeout=5)
   assert time.monotonic() - t0 < 2.5
   assert first.result(0) == ['A'] and second.result(0) == ['B']
-  assert not s._thread.is_alive()
+  assert not any(thread.is_alive() for thread in s._threads)
   with pytest.raises(SchedulerClosed):
     s.submit(['c'])
 
@@ -245,3 +245,31 @@ def test_concurrent_submitters_get_their_own_results():
 def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match='tokens_per_batch'):
     make(FakeEngine(), tokens_per_batch=0)
+  with pytest.raises(ValueError, match='workers=0'):
+    make(FakeEngine(), workers=0)
+
+
+def test_two_workers_run_two_batches_at_once():
+  together = threading.Barrier(2, timeout=5)  # passes only while two batches run
+  def run(items):
+    together.wait()
+    return [x.upper() for x in items]
+  s = make(run, tokens_per_batch=2, max_wait_ms=0, workers=2)
+  seen = []
+  future = s.submit(['a', 'b', 'c', 'd'],  # two batches of two sentences, one per worker
+                    on_item=lambda i, out: seen.append((i, out, future.done())))
+  assert future.result(10) == ['A', 'B', 'C', 'D']
+  assert sorted(seen) == [(i, x, False) for i, x in enumerate('ABCD')]  # all before the end
+  assert s.stats.batches == 2 and s.stats.sentences == 4
+  s.close()
+
+
+def test_two_workers_serve_concurrent_submitters():
+  s = make(FakeEngine(), tokens_per_batch=5, max_wait_ms=1, workers=2)
+  def client(k):
+    lines = [f'c{k}s{i}' for i in range(k % 7 + 1)]
+    return s.submit(lines).result(10) == [x.upper() for x in lines]
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    assert all(pool.map(client, range(60)))
+  assert s.stats.sentences == sum(k % 7 + 1 for k in range(60))
+  s.close()

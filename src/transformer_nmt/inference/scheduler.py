@@ -1,8 +1,8 @@
 """Batching across requests for serve.py: the sentences of concurrent requests share batches
 up to a token budget, waiting at most a few milliseconds to fill one, with the requests served
-round-robin so that a long one cannot starve short ones. Pure Python and one worker thread:
-it calls the `run_batch` it is given (in practice the engine's) and knows nothing of HTTP or
-JAX, so its tests run a fake."""
+round-robin so that a long one cannot starve short ones. Pure Python, a worker thread per
+batch run at once: it calls the `run_batch` it is given (in practice the engine's) and knows
+nothing of HTTP or JAX, so its tests run a fake."""
 
 from __future__ import annotations
 
@@ -73,16 +73,18 @@ class Scheduler(Generic[In, Out]):
   queue holds a full budget or `max_wait_ms` after the oldest waiting request came.
   `on_batch(sentences, tokens, seconds)` is called after each batch (metrics). With
   `mix_requests` off a batch holds one request's sentences only (the requests still take
-  turns): serving without batching across requests, to measure what that batching gains."""
+  turns): serving without batching across requests, to measure what that batching gains.
+  `workers` batches run at once, each from a thread of its own: a batch then starts while
+  the one before decodes its last sentences on one core (bench/RESULTS.md, 'Serving')."""
 
   def __init__(self, run_batch: Callable[[list[In]], Sequence[Out]], *, tokens_per_batch: int,
                count_tokens: Callable[[In], int], max_wait_ms: float,
-               max_queue_sentences: int, mix_requests: bool = True,
+               max_queue_sentences: int, mix_requests: bool = True, workers: int = 1,
                on_batch: Optional[Callable[[int, int, float], None]] = None):
-    if tokens_per_batch < 1 or max_wait_ms < 0 or max_queue_sentences < 1:
-      raise ValueError(f'tokens_per_batch={tokens_per_batch} and max_queue_sentences='
-                       f'{max_queue_sentences} must be positive, max_wait_ms={max_wait_ms} '
-                       'not negative')
+    if min(tokens_per_batch, max_queue_sentences, workers) < 1 or max_wait_ms < 0:
+      raise ValueError(f'tokens_per_batch={tokens_per_batch}, max_queue_sentences='
+                       f'{max_queue_sentences} and workers={workers} must be positive, '
+                       f'max_wait_ms={max_wait_ms} not negative')
     self.run_batch, self.count_tokens = run_batch, count_tokens
     self.tokens_per_batch, self.max_wait = tokens_per_batch, max_wait_ms / 1000
     self.max_queue_sentences, self.on_batch = max_queue_sentences, on_batch
@@ -93,8 +95,11 @@ class Scheduler(Generic[In, Out]):
     self._queued_tokens = 0
     self._closing = False
     self._cond = threading.Condition()
-    self._thread = threading.Thread(target=self._work, name='scheduler', daemon=True)
-    self._thread.start()
+    self._results = threading.Lock()  # results and counters, which workers update at once
+    self._threads = [threading.Thread(target=self._work, name=f'scheduler-{i}', daemon=True)
+                     for i in range(workers)]
+    for thread in self._threads:
+      thread.start()
     # Deadlines pass while the worker runs a batch too: a second thread fails those requests
     # then, so that their callers hear at once and their sentences leave the queue.
     self._reaper = threading.Thread(target=self._reap, name='scheduler-deadlines', daemon=True)
@@ -138,11 +143,12 @@ class Scheduler(Generic[In, Out]):
       self._cond.notify_all()
 
   def close(self, timeout: Optional[float] = None) -> None:
-    """Runs what is queued (without waiting to fill batches), then stops the worker."""
+    """Runs what is queued (without waiting to fill batches), then stops the workers."""
     with self._cond:
       self._closing = True
       self._cond.notify_all()
-    self._thread.join(timeout)
+    for thread in self._threads:
+      thread.join(timeout)
     self._reaper.join(timeout)
 
   # The worker threads.
@@ -237,13 +243,12 @@ class Scheduler(Generic[In, Out]):
       return
     seconds = time.monotonic() - t0
     tokens = sum(self.count_tokens(item) for item in items)
-    self.stats.batches += 1
-    self.stats.sentences += len(items)
-    self.stats.tokens += tokens
-    self.stats.last_fill = tokens / self.tokens_per_batch
+    with self._results:
+      self.stats.batches += 1
+      self.stats.sentences += len(items)
+      self.stats.tokens += tokens
+      self.stats.last_fill = tokens / self.tokens_per_batch
     for (request, i), output in zip(batch, outputs):
-      request.results[i] = output
-      request.left -= 1
       if request.on_item is not None and not request.done():
         try:
           request.on_item(i, output)
@@ -252,7 +257,11 @@ class Scheduler(Generic[In, Out]):
             self._drop(request)
           _settle(request.future, error=e)
           continue
-      if request.left == 0:
+      with self._results:  # another worker may hold some of the request's sentences:
+        request.results[i] = output  # the last one to finish settles it, after every
+        request.left -= 1  # on_item of the others
+        last = request.left == 0
+      if last:
         _settle(request.future, result=request.results)
     if self.on_batch is not None:
       self.on_batch(len(items), tokens, seconds)

@@ -60,7 +60,8 @@ class _Service:
   API key and whether warm-up has finished."""
 
   def __init__(self, engine: Engine, limits: Limits, api_key: Optional[str],
-               max_wait_ms: float, tokens_per_batch: Optional[int], mix_requests: bool):
+               max_wait_ms: float, tokens_per_batch: Optional[int], mix_requests: bool,
+               batches_in_flight: int):
     self.engine, self.limits, self.api_key = engine, limits, api_key
     self.model_info = {'steps': list(engine.model.steps), 'n_best': engine.n_best,
                        'dtype': ensemble.dtypes(engine.model.cfg),  # the compute precision
@@ -70,12 +71,13 @@ class _Service:
     self.scheduler = Scheduler(self.run_batch, tokens_per_batch=self.budget,
                                count_tokens=lambda item: item.tokens, max_wait_ms=max_wait_ms,
                                max_queue_sentences=limits.max_queue_sentences,
-                               mix_requests=mix_requests, on_batch=self.on_batch)
+                               mix_requests=mix_requests, workers=batches_in_flight,
+                               on_batch=self.on_batch)
     self.ready = threading.Event()
 
   def run_batch(self, items: list[_Item]) -> list[Any]:
-    """The engine's answers for a batch of mixed items, in their order (the engine is only
-    ever called from the scheduler's one worker thread)."""
+    """The engine's answers for a batch of mixed items, in their order (called from the
+    scheduler's worker threads, `batches_in_flight` batches at once)."""
     engine, out = self.engine, [None] * len(items)
     for kind in ('translate', 'hypotheses', 'score'):
       where = [i for i, item in enumerate(items) if item.kind == kind]
@@ -358,7 +360,8 @@ def warm_up(warm: Callable[[], None], ready: threading.Event,
 
 def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str] = None,
              max_wait_ms: float = 5.0, tokens_per_batch: Optional[int] = None,
-             mix_requests: bool = True, warm: Optional[Callable[[], None]] = None,
+             mix_requests: bool = True, batches_in_flight: int = 1,
+             warm: Optional[Callable[[], None]] = None,
              freeze_after_warm: bool = True) -> fastapi.FastAPI:
   """The API on `engine`. Batches hold up to `tokens_per_batch` source subwords (default: the
   engine's decode.tokens_per_batch) from any requests, waiting at most `max_wait_ms` to fill.
@@ -366,9 +369,11 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   503 and the /v1 endpoints 503 with Retry-After; then, with `freeze_after_warm`, what it
   left alive is frozen out of garbage collection (warm_up). `api_key` guards everything but
   /health (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
-  request's sentences (no batching across requests: bench/serve.py's comparison)."""
+  request's sentences (no batching across requests: bench/serve.py's comparison).
+  `batches_in_flight` batches run at once (Scheduler's `workers`)."""
   limits.check()
-  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests)
+  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests,
+                     batches_in_flight)
 
   @contextlib.asynccontextmanager
   async def lifespan(_: fastapi.FastAPI):
