@@ -263,4 +263,3 @@ def test_two_workers_run_two_batches_at_once():
   assert sorted(seen) == [(i, x, False) for i, x in enumerate('ABCD')]  # all before the end
   assert s.stats.batches == 2 and s.stats.sentences == 4
   s.close()
-
