@@ -1,7 +1,7 @@
 """Microbenchmarks behind the decoding and loss optimisations in bench/RESULTS.md: each case
 times the formulation the library used before against the one it uses now, side by side.
 
-  python bench/micro.py [--cases attention,cross,topk,candidates,loss,dpa,dropout]
+  python bench/micro.py [--cases attention,cross,cross_keys,topk,candidates,loss,dpa,dropout]
 
 Times are medians of jitted calls (inputs not donated), in ms.
 """
@@ -13,8 +13,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-_CASES = flags.DEFINE_list('cases', ['attention', 'cross', 'topk', 'candidates', 'loss', 'dpa',
-                                     'dropout'],
+_CASES = flags.DEFINE_list('cases', ['attention', 'cross', 'cross_keys', 'topk', 'candidates',
+                                     'loss', 'dpa', 'dropout'],
                            'Which comparisons to run.')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
                                 'replacing its bench/micro.py section.')
@@ -67,6 +67,7 @@ def cross() -> None:
   b, g, s, h, d = 256, 4, 16, 4, 64
   q = jax.random.normal(jax.random.key(0), (b * g, 1, h, d))
   k, v = (jax.random.normal(jax.random.key(i), (b, s, h, d)) for i in (1, 2))
+  k = jnp.swapaxes(k, 1, 2)  # keys per head, as the decoder cache keeps them
   mask = jnp.ones((b, 1, 1, s), bool)
   attend = jax.jit(lambda q, k, v, mask: apply_attention(  # a decoding step's attention
       attention_weights(q, k, mask, one_query=True), v, one_query=True))
@@ -74,6 +75,29 @@ def cross() -> None:
   report('cross-attention, 256 sentences x 4 beams', 'K/V tiled per beam',
          timed(attend, q, tile(k), tile(v), tile(mask)), 'shared by the beams',
          timed(attend, q, k, v, mask))
+
+
+def cross_keys() -> None:
+  """A decoding step's cross-attention logits over 40 source positions in bfloat16: beam 4
+  (192 sentences x 4 beams sharing their sentence's keys) and greedy (768 rows)."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_nmt.model.one_step import one_query_logits
+
+  def old(q, k):  # keys [B, S, H, Dh]: multiply-reduce over the minor axis
+    b, s, h, _ = k.shape
+    qg = q.reshape((b, -1, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
+    logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
+    return jnp.swapaxes(logits, 2, 3).reshape(q.shape[0], h, 1, s)
+
+  for b, g in [(192, 4), (768, 1)]:
+    s, h, d = 40, 4, 64
+    q = jax.random.normal(jax.random.key(0), (b * g, 1, h, d)).astype(jnp.bfloat16)
+    k = jax.random.normal(jax.random.key(1), (b, s, h, d)).astype(jnp.bfloat16)
+    report(f'cross-attention logits, {b} sentences x {g} beams', 'keys [B, S, H, Dh], '
+           'multiply-reduce', timed(jax.jit(old), q, k), 'keys per head [B, H, S, Dh], '
+           'a matmul each', timed(jax.jit(one_query_logits), q, jnp.swapaxes(k, 1, 2)))
 
 
 def topk() -> None:

@@ -168,8 +168,8 @@ def test_one_query_rows_can_share_keys():
   k, v = (rng.normal(size=(b, s, h, d)).astype(np.float32) for _ in range(2))
   mask = np.ones((b, 1, 1, s), bool)
   mask[1, ..., 3:] = False
-  weights = attention.attention_weights(jnp.asarray(q), jnp.asarray(k), jnp.asarray(mask),
-                                       one_query=True)
+  keys = jnp.swapaxes(jnp.asarray(k), 1, 2)  # per head, as step_kv lays them out
+  weights = attention.attention_weights(jnp.asarray(q), keys, jnp.asarray(mask), one_query=True)
   out = attention.apply_attention(weights, jnp.asarray(v), one_query=True)
   rep = lambda x: np.repeat(x, g, axis=0)  # noqa: E731
   np.testing.assert_allclose(out, _numpy_attention(q, rep(k), rep(v), rep(mask)), rtol=1e-5,

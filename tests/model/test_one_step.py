@@ -21,12 +21,19 @@ def _qkv(rows, groups, s=5, h=2, d=4, dtype=jnp.float32):
   return q, k, v
 
 
+def _per_head(k):
+  """Keys [B, S, H, Dh] as a one-query step takes them: [B, H, S, Dh] (step_kv)."""
+  return jnp.swapaxes(k, 1, 2)
+
+
 @pytest.mark.parametrize('groups', [1, 4])
 def test_one_query_logits_and_values_match_the_einsums(groups):
   q, k, v = _qkv(3, groups)
   k_rows, v_rows = (jnp.repeat(x, groups, axis=0) for x in (k, v))  # row n uses row n // G
   reference = jnp.einsum('bthd,bshd->bhts', q, k_rows)
-  np.testing.assert_allclose(one_step.one_query_logits(q, k), reference, rtol=1e-5, atol=1e-5)
+  for halving in (False, True):
+    np.testing.assert_allclose(one_step.one_query_logits(q, _per_head(k), halving), reference,
+                               rtol=1e-5, atol=1e-5)
   probs = jax.nn.softmax(reference, axis=-1)
   np.testing.assert_allclose(one_step.one_query_values(probs, v),
                              jnp.einsum('bhts,bshd->bthd', probs, v_rows), rtol=1e-5, atol=1e-5)
@@ -40,7 +47,7 @@ def test_one_step_attention_equals_the_general_path(groups, mask_rows):
   q, k, v = _qkv(3, groups)
   n = q.shape[0]
   mask = jax.random.bernoulli(jax.random.key(7), 0.7, (mask_rows, 1, 1, 5)).at[:, ..., 0].set(True)
-  weights = attention_weights(q, k, mask, one_query=True)
+  weights = attention_weights(q, _per_head(k), mask, one_query=True)
   fast = apply_attention(weights, v, one_query=True)
   per_row = jnp.repeat(mask, n // mask_rows, axis=0) if mask_rows > 1 else mask
   k_rows, v_rows = (jnp.repeat(x, groups, axis=0) for x in (k, v))
@@ -54,7 +61,7 @@ def test_one_step_attention_equals_the_general_path(groups, mask_rows):
 
 def test_bfloat16_inputs_reduce_in_float32():
   q, k, v = _qkv(2, 4, dtype=jnp.bfloat16)
-  logits = one_step.one_query_logits(q, k)
+  logits = one_step.one_query_logits(q, _per_head(k))
   assert logits.dtype == jnp.float32
   out = one_step.one_query_values(jax.nn.softmax(logits, -1), v)
   assert out.dtype == jnp.bfloat16 and out.shape == (8, 1, 2, 4)

@@ -31,11 +31,12 @@ def attention_weights(q: jax.Array, k: jax.Array, mask: Optional[jax.Array], *,
 
   Args:
     q: [B, T, H, Dh] queries.
-    k: [B, S, H, Dh] keys; with `one_query` also [B / G, S, H, Dh], shared by G consecutive
-      query rows (the beams of a sentence in cross-attention).
+    k: [B, S, H, Dh] keys; with `one_query` laid out per head, [B / G, H, S, Dh] (G = 1, or G
+      consecutive query rows sharing a key row: the beams of a sentence in cross-attention).
     mask: bool, broadcastable to [B, H, T, S] (or to k's rows); None means attend everywhere.
     one_query: T = 1, a decoding step (the decoder's `step` says so): computed by the
-      one_step.py kernels, the same values as the einsum, several times faster on XLA CPU.
+      one_step.py kernels, the same values as the einsum, several times faster on XLA CPU
+      (`step_kv` lays out the keys).
     halving: sums as model/sums.py adds them (ModelConfig.halving_sums).
   """
   scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
@@ -297,13 +298,19 @@ class MultiHeadAttention(nn.Module):
     return x.reshape(x.shape[:-1] + (self.cfg.num_heads, self.cfg.head_dim))  # [B, L, H, Dh]
 
   def project_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[B, S, D] -> keys and values, each [B, S, H, Dh] (once per batch for cross-attention)."""
+    """[B, S, D] -> keys and values, each [B, S, H, Dh]."""
     return self._split(self.key(x)), self._split(self.value(x))
+
+  def step_kv(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[B, S, D] memory -> what `attend(..., one_query=True)` takes: keys per head
+    [B, H, S, Dh], values [B, S, H, Dh] (once per batch for cross-attention)."""
+    k, v = self.project_kv(x)
+    return jnp.swapaxes(k, 1, 2), v
 
   def attend(self, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: Optional[jax.Array],
              deterministic: bool, one_query: bool = False) -> jax.Array:
     """[B, T, D] queries against precomputed [B, S, H, Dh] keys/values -> [B, T, D];
-    `one_query`: a decoding step (see `attention_weights`)."""
+    `one_query`: a decoding step, keys and values from `step_kv` (see `attention_weights`)."""
     q = self._split(self.query(x_q))
     rng = None
     if not deterministic and self.cfg.attention_dropout > 0.0:

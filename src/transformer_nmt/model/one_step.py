@@ -2,13 +2,18 @@
 `model.attention` reference (eq. 1 as einsums) as their specification; tests/model/test_one_step.py
 checks each against it.
 
-On XLA CPU, batched matrix-vector products (a [1, Dh] query against [S, Dh] keys per head)
-run as slow dot kernels; an elementwise multiply and a reduction fuse into one loop that is
-faster here (bench/micro.py). In cross-attention with beams, G consecutive query rows (the
-beams of one sentence) share one key and value row: reducing them together reads those keys
-and values once (bench/micro.py). G = 1 keeps its own layout, since the grouped one with a
-unit G axis runs much slower on XLA CPU (bench/RESULTS.md, 'Optimisations tried'). Other
-backends take the same code; it is the einsum that is slow on CPUs, not these paths on TPUs.
+The logits take keys laid out per head, [B, H, S, Dh] (the decoder cache keeps its
+cross-attention keys so, transposed once per batch): each sentence and head is then one small
+matmul, which YNNPACK runs several times faster than the elementwise form over [B, S, H, Dh]
+keys (bench/RESULTS.md, 'Cross-attention keys per head'). In cross-attention with beams, G
+consecutive query rows (the beams of one sentence) share one key and value row, so a
+sentence's G queries are that matmul's rows. The weighted values stay an elementwise multiply
+and a reduction, which fuse into one loop that is faster here than the dot (bench/micro.py);
+reducing a sentence's G rows together reads its values once. G = 1 keeps its own layout for
+them, since the grouped one with a unit G axis runs much slower on XLA CPU (bench/RESULTS.md,
+'Optimisations tried'). Other backends take the same code. With `halving` (the programs of
+decode.batch_invariant) the logits too are a product and a reduction, summed as
+model/sums.py adds.
 
 Dimension legend: N query rows, B key/value rows (N = B * G), S keys, H heads, Dh head dim.
 """
@@ -22,17 +27,16 @@ from transformer_nmt.model import sums
 
 
 def one_query_logits(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:
-  """q [N, 1, H, Dh] (already scaled) . k [B, S, H, Dh] -> float32 logits [N, H, 1, S];
-  query row n uses key row n // G. `halving`: sums as sums.total adds."""
-  add = sums.total if halving else jnp.sum
-  b, s, h, _ = k.shape
-  g = q.shape[0] // b
-  if g == 1:
-    logits = add(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
-    return jnp.swapaxes(logits, 1, 2)[:, :, None, :]
-  qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
-  logits = add(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
-  return jnp.swapaxes(logits, 2, 3).reshape(q.shape[0], h, 1, s)
+  """q [N, 1, H, Dh] (already scaled) . k [B, H, S, Dh] (keys per head) -> float32 logits
+  [N, H, 1, S]; query row n uses key row n // G. `halving`: sums as sums.total adds."""
+  b, h, s, d = k.shape
+  qg = q.reshape(b, -1, h, d)  # [B, G, H, Dh]
+  if halving:
+    logits = sums.total(qg.astype(jnp.float32)[:, :, :, None] * k.astype(jnp.float32)[:, None],
+                        axis=-1)  # [B, G, H, S]
+  else:
+    logits = jnp.einsum('bghd,bhsd->bghs', qg, k, preferred_element_type=jnp.float32)
+  return logits.reshape(q.shape[0], h, 1, s)
 
 
 def one_query_values(probs: jax.Array, v: jax.Array, halving: bool = False) -> jax.Array:

@@ -83,6 +83,11 @@ class DecoderLayer(_SublayerStack):
     """Encoder output [B, S, D] -> cross-attention keys, values [B, S, H, Dh]."""
     return self.cross_attention.project_kv(memory)
 
+  def step_kv(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Encoder output [B, S, D] -> the cross-attention keys [B, H, S, Dh] and values
+    [B, S, H, Dh] that `step` takes (MultiHeadAttention.step_kv)."""
+    return self.cross_attention.step_kv(memory)
+
   def __call__(self, y: jax.Array, memory: jax.Array, self_mask: jax.Array,
                cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
     """Teacher-forced: y [B, T, D], memory [B, S, D] -> [B, T, D]."""
@@ -114,7 +119,9 @@ class DecoderCache:
   """Everything incremental decoding reuses across steps (one entry per decoder layer).
 
   self_attention: KVCache per layer (see its layout).
-  cross_k, cross_v: [B', S, H, Dh] per layer, computed once per batch.
+  cross_k: [B', H, S, Dh] per layer, computed once per batch, laid out per head (one
+    decoding step's logits are then a matmul per sentence and head: one_step.py).
+  cross_v: [B', S, H, Dh] per layer, computed once per batch.
   cross_mask: [B', 1, 1, S] bool, real source positions.
   In beam search B = B' * K: the K beams of a sentence share its cross-attention entries.
   """
@@ -239,7 +246,7 @@ class Transformer(nn.Module):
   def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> DecoderCache:
     """Precomputes cross-attention K/V and empty self-attention caches for `max_len` steps."""
     batch = memory.shape[0]
-    kvs = [layer.cross_kv(memory) for layer in self.decoder_layers]
+    kvs = [layer.step_kv(memory) for layer in self.decoder_layers]
     empty = KVCache.zeros(batch, max_len, self.cfg.num_heads, self.cfg.head_dim,
                           jnp.dtype(self.cfg.dtype))
     return DecoderCache(self_attention=tuple(empty for _ in self.decoder_layers),
@@ -258,7 +265,7 @@ class Transformer(nn.Module):
                     True)  # [B, 1, D]
     new_caches = []
     for i, (layer, kv) in enumerate(zip(self.decoder_layers, cache.self_attention)):
-      k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.cross_kv(memory)
+      k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.step_kv(memory)
       y, kv = layer.step(y, kv, k, v, cache.cross_mask)
       new_caches.append(kv)
     logits = self._logits(y)[:, 0].astype(jnp.float32)  # the search sums log-probabilities
