@@ -24,7 +24,7 @@ def _step_kv(self: attention.MultiHeadAttention, x: jax.Array) -> tuple[jax.Arra
   return self.project_kv(x)  # keys [B, S, H, Dh], as the values
 
 
-def _one_query_logits(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:
+def logits_before(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:
   """The logits before: q [N, 1, H, Dh] . k [B, S, H, Dh] multiplied and reduced over Dh."""
   del halving  # the engines here sum with YNNPACK
   b, s, h, _ = k.shape
@@ -44,7 +44,7 @@ def main(_):
 
   def keys_as_values(lines: list[str]) -> list[str]:
     with side_by_side.patched(attention.MultiHeadAttention, {'step_kv': _step_kv}), \
-        side_by_side.patched(one_step, {'one_query_logits': _one_query_logits}):
+        side_by_side.patched(one_step, {'one_query_logits': logits_before}):
       return before.translate(lines)
   print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
   side_by_side.compare({'keys [B, S, H, Dh] (before)': keys_as_values,

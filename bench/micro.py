@@ -82,22 +82,18 @@ def cross_keys() -> None:
   (192 sentences x 4 beams sharing their sentence's keys) and greedy (768 rows)."""
   import jax
   import jax.numpy as jnp
+  from cross_keys import logits_before
 
   from transformer_nmt.model.one_step import one_query_logits
-
-  def old(q, k):  # keys [B, S, H, Dh]: multiply-reduce over the minor axis
-    b, s, h, _ = k.shape
-    qg = q.reshape((b, -1, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
-    logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
-    return jnp.swapaxes(logits, 2, 3).reshape(q.shape[0], h, 1, s)
 
   for b, g in [(192, 4), (768, 1)]:
     s, h, d = 40, 4, 64
     q = jax.random.normal(jax.random.key(0), (b * g, 1, h, d)).astype(jnp.bfloat16)
     k = jax.random.normal(jax.random.key(1), (b, s, h, d)).astype(jnp.bfloat16)
     report(f'cross-attention logits, {b} sentences x {g} beams', 'keys [B, S, H, Dh], '
-           'multiply-reduce', timed(jax.jit(old), q, k), 'keys per head [B, H, S, Dh], '
-           'a matmul each', timed(jax.jit(one_query_logits), q, jnp.swapaxes(k, 1, 2)))
+           'multiply-reduce', timed(jax.jit(logits_before), q, k),
+           'keys per head [B, H, S, Dh], a matmul each',
+           timed(jax.jit(one_query_logits), q, jnp.swapaxes(k, 1, 2)))
 
 
 def topk() -> None:
