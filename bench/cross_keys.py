@@ -17,8 +17,6 @@ from absl import app
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import attention, one_step
 
-_OPTIONS = side_by_side.define_flags(lines=1000, rounds=3, calls=250)
-
 
 def _step_kv(self: attention.MultiHeadAttention, x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return self.project_kv(x)  # keys [B, S, H, Dh], as the values
@@ -38,7 +36,7 @@ def logits_before(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Arra
 
 
 def main(_):
-  options = _OPTIONS()
+  options = _OPTIONS()  # defined below: bench/micro.py and tests import this module
   engine = Engine.load(options.workdir)
   before = Engine(engine.model, engine.decode)
 
@@ -53,4 +51,5 @@ def main(_):
 
 
 if __name__ == '__main__':
+  _OPTIONS = side_by_side.define_flags(lines=1000, rounds=3, calls=250)
   app.run(main)
