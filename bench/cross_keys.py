@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import side_by_side
 from absl import app
 
-from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import attention, one_step
 
 
@@ -36,18 +35,10 @@ def logits_before(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Arra
 
 
 def main(_):
-  options = _OPTIONS()  # defined below: bench/micro.py and tests import this module
-  engine = Engine.load(options.workdir)
-  before = Engine(engine.model, engine.decode)
-
-  def keys_as_values(lines: list[str]) -> list[str]:
-    with side_by_side.patched(attention.MultiHeadAttention, {'step_kv': _step_kv}), \
-        side_by_side.patched(one_step, {'one_query_logits': logits_before}):
-      return before.translate(lines)
-  print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
-  side_by_side.compare({'keys [B, S, H, Dh] (before)': keys_as_values,
-                        'keys [B, H, S, Dh]': engine.translate},
-                       options.lines, options.rounds, options.calls)
+  side_by_side.before_and_now(  # _OPTIONS: defined below, as bench/micro.py and tests import this
+      _OPTIONS(), [(attention.MultiHeadAttention, {'step_kv': _step_kv}),
+                   (one_step, {'one_query_logits': logits_before})],
+      'keys [B, S, H, Dh] (before)', 'keys [B, H, S, Dh]')
 
 
 if __name__ == '__main__':

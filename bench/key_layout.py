@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import side_by_side
 from absl import app
 
-from transformer_nmt.inference.engine import Engine
 from transformer_nmt.model import attention
 
 _OPTIONS = side_by_side.define_flags(lines=1000, rounds=3, calls=250)
@@ -80,17 +79,8 @@ _BEFORE = {'zeros': classmethod(_zeros), 'append': _append, 'resize': _resize, '
 
 
 def main(_):
-  options = _OPTIONS()
-  engine = Engine.load(options.workdir)
-  before = Engine(engine.model, engine.decode)
-
-  def transposed(lines: list[str]) -> list[str]:
-    with side_by_side.patched(Cache, _BEFORE):  # keys as [B, H, Dh, L] (the layout before)
-      return before.translate(lines)
-  print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
-  side_by_side.compare({'keys [B, H, Dh, L] (before)': transposed,
-                        'keys [B, H, L, Dh]': engine.translate},
-                       options.lines, options.rounds, options.calls)
+  side_by_side.before_and_now(_OPTIONS(), [(Cache, _BEFORE)], 'keys [B, H, Dh, L] (before)',
+                              'keys [B, H, L, Dh]')
 
 
 if __name__ == '__main__':

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from absl import flags
@@ -54,6 +54,25 @@ def patched(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
   finally:
     for name, value in kept.items():
       setattr(owner, name, value)
+
+
+def before_and_now(options: Options, patches: Sequence[tuple[Any, dict[str, Any]]],
+                   before: str, now: str) -> None:
+  """`compare`s the workdir's engine (`now`) with a second engine on the same loaded model
+  whose programs are traced with every (owner, replacements) of `patches` in place (`patched`:
+  the way `before`)."""
+  from transformer_nmt.inference.engine import Engine
+  engine = Engine.load(options.workdir)
+  old = Engine(engine.model, engine.decode)
+
+  def translate_before(lines: list[str]) -> list[str]:
+    with contextlib.ExitStack() as stack:
+      for owner, replacements in patches:
+        stack.enter_context(patched(owner, replacements))
+      return old.translate(lines)
+  print(f'beam {engine.decode.beam_size}, {engine.concurrent_batches} decoding threads')
+  compare({before: translate_before, now: engine.translate}, options.lines, options.rounds,
+          options.calls)
 
 
 def groups_of_1_to_16(lines: list[str]) -> list[list[str]]:
