@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import side_by_side
 from absl import app
 
-from transformer_nmt.model import attention, one_step
+from transformer_nmt.model import attention, one_step, sums
 
 
 def _step_kv(self: attention.MultiHeadAttention, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -22,15 +22,16 @@ def _step_kv(self: attention.MultiHeadAttention, x: jax.Array) -> tuple[jax.Arra
 
 
 def logits_before(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:
-  """The logits before: q [N, 1, H, Dh] . k [B, S, H, Dh] multiplied and reduced over Dh."""
-  del halving  # the engines here sum with YNNPACK
+  """The logits before: q [N, 1, H, Dh] . k [B, S, H, Dh] multiplied and reduced over Dh
+  (`halving`: summed as sums.total adds)."""
+  add = sums.total if halving else jnp.sum
   b, s, h, _ = k.shape
   g = q.shape[0] // b
   if g == 1:
-    logits = jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
+    logits = add(q.astype(jnp.float32) * k.astype(jnp.float32), axis=-1)  # [N, S, H]
     return jnp.swapaxes(logits, 1, 2)[:, :, None, :]
   qg = q.reshape((b, g, 1) + q.shape[2:]).astype(jnp.float32)  # [B, G, 1, H, Dh]
-  logits = jnp.sum(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
+  logits = add(qg * k.astype(jnp.float32)[:, None], axis=-1)  # [B, G, S, H]
   return jnp.swapaxes(logits, 2, 3).reshape(q.shape[0], h, 1, s)
 
 

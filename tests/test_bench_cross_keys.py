@@ -17,11 +17,12 @@ from transformer_nmt.model.one_step import one_query_logits  # noqa: E402
 
 
 @pytest.mark.parametrize('groups', [1, 4])
-def test_the_logits_of_before_equal_todays(groups):
+@pytest.mark.parametrize('halving', [False, True])
+def test_the_logits_of_before_equal_todays(groups, halving):
   b, s, h, d = 3, 5, 2, 8
   q = jax.random.normal(jax.random.key(0), (b * groups, 1, h, d))
   k = jax.random.normal(jax.random.key(1), (b, s, h, d))
-  before = logits_before(q, k)
+  before = logits_before(q, k, halving)
   assert before.shape == (b * groups, h, 1, s)
-  np.testing.assert_allclose(before, one_query_logits(q, jnp.swapaxes(k, 1, 2)), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(before, one_query_logits(q, jnp.swapaxes(k, 1, 2), halving),
+                             rtol=1e-5, atol=1e-5)
