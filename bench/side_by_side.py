@@ -13,6 +13,7 @@ import numpy as np
 from absl import flags
 
 from transformer_nmt.data.batching import read_lines
+from transformer_nmt.inference.engine import Engine
 
 Translate = Callable[[list[str]], list[str]]
 
@@ -61,7 +62,6 @@ def before_and_now(options: Options, patches: Sequence[tuple[Any, dict[str, Any]
   """`compare`s the workdir's engine (`now`) with a second engine on the same loaded model
   whose programs are traced with every (owner, replacements) of `patches` in place (`patched`:
   the way `before`)."""
-  from transformer_nmt.inference.engine import Engine
   engine = Engine.load(options.workdir)
   old = Engine(engine.model, engine.decode)
 
