@@ -339,9 +339,13 @@ class DecodeConfig:
   # multiples of 4) compiles fewer programs for Multi30k's valid and test sets, so a run
   # starts sooner, with identical outputs (bench/RESULTS.md, 'Time to translation').
   length_growth: float = 1.5
-  # Longest source in subword tokens (EOS included), 4x the default data.max_len: longer lines
-  # are translated in pieces split at sentence ends, a longer sentence is truncated (both
-  # counted on stderr); keeps memory bounded whatever the input.
+  # Lines of more source subwords than this (EOS included) are translated in pieces split at
+  # sentence ends (inference/long_lines.py): a model trained on shorter lines ends early on
+  # longer ones. 0: the run's data.max_len, the longest line it trained on.
+  split_len: int = 0
+  # Longest source in subword tokens (EOS included), 4x the default data.max_len: a sentence
+  # longer than this is cut into pieces of this length (counted on stderr); keeps memory
+  # bounded whatever the input.
   max_input_len: int = 1024
   # Steps between checks for finished sentences (and, with `compact`, between compactions).
   # On test2016 6 decodes as fast as 4 and compiles fewer programs, so a first run ends
@@ -386,7 +390,7 @@ class DecodeConfig:
            f'decode.length_growth={self.length_growth} must be a number above 1')
     _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
            'least 2 (a token and EOS)')
-    for name in ('max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):
+    for name in ('split_len', 'max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):
       value = getattr(self, name)
       _check(value >= 0, f'decode.{name}={value} must be 0 (off) or positive')
     for field in dataclasses.fields(self):  # the programs take them as 32-bit integers

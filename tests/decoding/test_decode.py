@@ -196,17 +196,36 @@ def test_decode_refuses_outputs_that_would_lose_work(tiny_workdir, tmp_path):
 def test_long_lines_are_translated_in_pieces(loaded, test_lines):
   sentence = test_lines[0].rstrip('.') + '.'
   short = len(loaded.src_tok.encode([sentence])[0]) + 1
-  engine = Engine(loaded, DecodeConfig(beam_size=1, max_extra_len=5, max_input_len=2 * short))
+  engine = Engine(loaded, DecodeConfig(beam_size=1, max_extra_len=5, split_len=2 * short))
   alone = engine.translate([sentence])[0]
   long_line, pair_line = ' '.join([sentence] * 50), ' '.join([sentence] * 2)
   encode = lambda text: loaded.src_tok.encode([text])[0]  # noqa: E731
-  parts, truncated = pieces(loaded.src_tok, long_line, encode(long_line), 2 * short)
-  assert truncated == 0 and parts == [encode(pair_line)] * 25  # whole sentences, two a piece
+  parts, cut = pieces(loaded.src_tok, long_line, encode(long_line), 2 * short, 1024)
+  assert cut == 0 and parts == [encode(pair_line)] * 25  # whole sentences, two a piece
   pair = engine.translate([pair_line])[0]
   out = engine.translate(['', long_line, sentence])
   assert out[0] == '' and out[2] == alone
   assert out[1] == ' '.join([pair] * 25 if pair else [])
-  assert pieces(loaded.src_tok, sentence, encode(sentence), 3)[1] == 1  # one word: truncated
+  assert (engine.lines_split, engine.sentences_cut) == (1, 0)
+  # a sentence longer than split_len stays whole up to max_len, then is cut, nothing dropped
+  ids = encode(sentence)
+  assert pieces(loaded.src_tok, sentence, ids, 3, len(ids) + 1) == ([ids], 0)
+  parts, cut = pieces(loaded.src_tok, sentence, ids, 3, 3)
+  assert cut == 1 and sum(parts, []) == ids and all(len(p) <= 2 for p in parts)
+
+
+def test_a_line_longer_than_the_training_lines_is_split_by_default(loaded):
+  """A line of many sentences, far over data.max_len (48 for the tiny run) but under
+  decode.max_input_len, is split at sentence ends (a model ends early on lines longer than
+  it trained on)."""
+  sentence = 'He played with twenty-one yellow apples.'
+  engine = Engine(loaded, DecodeConfig(beam_size=1, max_extra_len=5))
+  assert engine.split_len == 48
+  encode = lambda text: loaded.src_tok.encode([text])[0]  # noqa: E731
+  line = ' '.join([sentence] * 30)
+  assert 48 < len(encode(line)) < engine.decode.max_input_len
+  engine.translate([line])
+  assert engine.lines_split == 1
 
 
 def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path):
@@ -217,7 +236,7 @@ def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path)
                       '--max_input_len', '64', '--batch_tokens', '512')
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.count('\n') == 1  # one line out for the one line in
-  assert '1 line(s) over decode.max_input_len=64' in result.stderr
+  assert '1 line(s) over 48 source subwords translated in pieces' in result.stderr
 
 
 def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded, test_lines):

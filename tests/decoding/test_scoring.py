@@ -102,9 +102,9 @@ def _decode(*flags: str) -> subprocess.CompletedProcess:
 
 
 def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
-  """n-best for a line over max_input_len: the pieces' best translations joined, alone
+  """n-best for a line over split_len: the pieces' best translations joined, alone
   (the first piece's alternatives would not translate the whole line)."""
-  decode = DecodeConfig(beam_size=4, max_extra_len=4, max_input_len=8)
+  decode = DecodeConfig(beam_size=4, max_extra_len=4, split_len=8)
   line = 'He paints nineteen eggs. They played with one black car. My father came.'
   (source, hyps), = Engine(loaded, decode, n_best=3).hypotheses([line])
   assert len(hyps) == 1 and source.count('</s>') >= 2  # in pieces, each with its EOS

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_nmt.config import DECODE
 from transformer_nmt.decoding.search import (
@@ -35,9 +36,11 @@ from transformer_nmt.model import sums
 from transformer_nmt.model.attention import NEG_INF
 
 
-def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
-  """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016); scores are logP / lp."""
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array | np.ndarray:
+  """GNMT's lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016); scores are logP / lp. In float32
+  either way; a host integer in numpy, so that scoring a hypothesis compiles nothing."""
+  xp = np if isinstance(length, (int, np.integer)) else jnp
+  return ((xp.float32(5.0) + xp.asarray(length, xp.float32)) / xp.float32(6.0)) ** xp.float32(alpha)
 
 
 def tile_beams(tree: Any, beam_size: int) -> Any:

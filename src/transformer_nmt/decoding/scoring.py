@@ -77,13 +77,19 @@ class Scorer:
 
   def precompile(self, params: Any, max_rows: int, max_length: int, eos_id: int) -> int:
     """Makes (compiles, or loads from the store) the programs of every batch that scoring at
-    most `max_rows` pairs of at most `max_length` subwords a side can meet: each power-of-two
-    row count from 8 to `max_rows` at each grid length up to `max_length`. Returns the number
-    of shapes."""
+    most `max_rows` pairs of at most `max_length` subwords a side can meet: at each grid
+    length up to `max_length`, each power-of-two row count `score_ids` plans (from 8, or
+    fewer where the budget holds fewer) up to the one that holds `max_rows`. Returns the
+    number of shapes."""
     grid = data_lib.length_grid(1, self.max_input_len, self.length_growth)
-    shapes = [(rows, n) for n in grid if n <= max_length
-              for rows in (2 ** i for i in range(3, max(max_rows, 8).bit_length()))
-              if rows <= max(max_rows, 8) and rows * n <= self.tokens_per_batch]
+    most = 1 << max(max_rows - 1, 0).bit_length()  # max_rows pairs pad up to this many rows
+    shapes = []
+    for n in (n for n in grid if n <= max_length):
+      cap = 1 << (max(self.tokens_per_batch // n, 1).bit_length() - 1)  # fill_batches' cap
+      rows = min(8, cap)
+      while rows <= min(cap, max(most, 8)):
+        shapes.append((rows, n))
+        rows *= 2
     for rows, n in shapes:  # `rows` pairs of length n plan as one batch of that shape
       row = np.full(n, eos_id, np.int32)
       self.score_ids(params, [row] * rows, [row] * rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -65,10 +65,12 @@ def split_for_threads(plans: list[data_lib.BatchPlan], lengths: np.ndarray,
           for part in parts]
 
 
-def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int) -> np.ndarray:
-  """The plan's rows' prefixes as [rows, P], padded with `pad_id`; P is rounded up to a
-  multiple of 8, so that few shapes compile."""
-  width = -(-max([len(prefixes[i]) for i in plan.examples] + [1]) // 8) * 8
+def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int,
+           width: Optional[int] = None) -> np.ndarray:
+  """The plan's rows' prefixes as [rows, P], padded with `pad_id`; P is `width`, or else the
+  longest rounded up to a multiple of 8, so that few shapes compile."""
+  if width is None:
+    width = -(-max([len(prefixes[i]) for i in plan.examples] + [1]) // 8) * 8
   out = np.full((plan.rows, width), pad_id, np.int32)
   for row, i in enumerate(plan.examples):
     out[row, :len(prefixes[i])] = prefixes[i]

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 import pathlib
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -22,19 +23,30 @@ from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
-from transformer_nmt.decoding.search import compiler_options, halving_sums, plain_jit
+from transformer_nmt.decoding.search import compiler_options, halving_sums
 from transformer_nmt.decoding.spec import SearchSpec
-from transformer_nmt.decoding.translate import CompactingTranslate, translate
+from transformer_nmt.decoding.translate import CompactingTranslate, output_length, translate
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, heap, long_lines
 from transformer_nmt.inference.loading import LoadedModel, load_model
-from transformer_nmt.inference.programs import ProgramStore, identity
+from transformer_nmt.inference.programs import ProgramStore, Unprepared, identity, jit_factory
 from transformer_nmt.workdir import Workdir
 
 Progress = Optional[Callable[[int], None]]  # called with the number of sentences just done
 # How to make fewer programs, when precompiling nears the limit on memory maps (heap.py)
 _FEWER_PROGRAMS = ("precompile's max_rows or max_length: serve.py's --precompile_rows or "
                    '--precompile_length')
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What `Engine.precompile` made programs for: batches of up to `rows` sentences of up to
+  `length` source subwords (EOS included; a prefix of up to as many target subwords with
+  `prefix_programs`), and, with scoring, pairs of up to `score_length` subwords a side."""
+
+  rows: int
+  length: int
+  score_length: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +91,7 @@ class Engine:
 
   def __init__(self, model: LoadedModel, decode: Optional[DecodeConfig] = None, *,
                n_best: int = 1, programs: Optional[str | pathlib.Path] = None,
-               concurrent_batches: int = 0):
+               concurrent_batches: int = 0, prefix_programs: bool = False):
     """`decode` (default: the model's run's settings) is checked here once, with `n_best`
     (<= beam size) hypotheses per sentence kept for `hypotheses`. With `programs` (a
     directory, e.g. Workdir.programs) the compiled programs are kept there and a later
@@ -88,7 +100,10 @@ class Engine:
     own (0: 2 on a CPU, whose cores one batch's small matrices leave partly idle; 1 on an
     accelerator), and a job of one batch is cut into that many (batches.split_for_threads):
     the batches' make-up thus depends on it, which changes a rare translation on a CPU
-    unless `decode.batch_invariant`."""
+    unless `decode.batch_invariant`. With `prefix_programs` every batch carries a target
+    prefix as wide as its sources (padding where a line has none), so that lines with and
+    without prefixes share one set of programs (serve.py, which compiles nothing after its
+    warm-up: `seal`)."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
     self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best)  # validates
@@ -96,6 +111,13 @@ class Engine:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
     self.model, self.decode, self.n_best = model, d, n_best
+    self.prefix_programs = prefix_programs
+    self.split_len = d.split_len or int(model.config.get('data', {}).get('max_len',
+                                                                          d.max_input_len))
+    self.prepared: Optional[Prepared] = None  # set by precompile
+    self._sealed = threading.Event()
+    self._lock = threading.Lock()
+    self.lines_split = self.sentences_cut = 0  # by long_lines.split, over this engine's life
     # MBR chooses among all the beam's hypotheses; the programs are those of that n-best
     self.mbr = d.mbr if d.beam_size > 1 else 'off'
     searched = self.spec.with_n_best(d.beam_size if self.mbr != 'off' else n_best)
@@ -111,7 +133,7 @@ class Engine:
     self.store = None if programs is None else ProgramStore(programs, identity(
         models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
-    jit = functools.partial(plain_jit if self.store is None else self.store.jit,
+    jit = functools.partial(jit_factory(self.store, self._sealed),
                             compiler_options=compiler_options(d.batch_invariant))
     if d.compact:
       self._translate = CompactingTranslate(cfg, searched, min_rows=batches.MIN_ROWS,
@@ -161,11 +183,18 @@ class Engine:
     if not rows:
       return out
     params, d, tgt = self.params_as_computed(), self.decode, self.model.tgt_tok
-    lengths = np.array([len(r) for r in rows])
+    if self.prefix_programs and prefixes is None:
+      prefixes = [np.zeros(0, np.int32)] * len(rows)
+    # With prefix programs a batch's prefixes are as wide as its sources (`padded`)
+    lengths = np.array([max(len(r), len(prefixes[i]) if self.prefix_programs else 0)
+                        for i, r in enumerate(rows)])
     boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
     # Batch sizes from the compaction ladder (1, 2, 4, 8, 12, ...; the one-loop path: powers
     # of two): few shapes, and the same ones for every file.
     sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
+    if self.sealed:  # only the shapes precompile made
+      self._check_prepared(int(lengths.max()))
+      sizes = [n for n in sizes if n <= self.prepared.rows]
     plans = batches.split_for_threads(
         data_lib.fill_batches(lengths, boundaries, d.tokens_per_batch, sizes,
                               min_rows=batches.START_ROWS),
@@ -174,8 +203,9 @@ class Engine:
     def decode(i: int) -> np.ndarray:
       """Batch i's output ids [rows, (N,) L]."""
       src, segments, _ = data_lib.pad_rows(rows, plans[i], self.model.src_tok.pad_id)
+      width = plans[i].length if self.prefix_programs else None
       given = ({} if prefixes is None else
-               {'prefix': batches.padded(prefixes, plans[i], tgt.pad_id)})
+               {'prefix': batches.padded(prefixes, plans[i], tgt.pad_id, width)})
       return self._batch(params, src, segments, i, **given)
 
     # closing: an error below stops the batches not yet started (see batches.in_order)
@@ -212,41 +242,100 @@ class Engine:
     return ids
 
   def precompile(self, max_rows: int = PRECOMPILE_ROWS,
-                 max_length: int = PRECOMPILE_LENGTH, scoring: bool = False) -> int:
+                 max_length: int = PRECOMPILE_LENGTH, scoring: bool = False,
+                 kept_only: bool = True) -> int:
     """Makes (compiles, or loads from the store) the decoding programs of every batch that a
     job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
     each batch size of the ladder (1, 2, 4, 8, 12, ...) up to `max_rows` at each length of
     the grid up to `max_length`, through every cache stage. A later engine with the same store
     then translates such a job, or a line typed at a terminal, without compiling. With
     `scoring`, also the forced-decoding programs of `score` and `hypotheses` (scores,
-    n-best, alignments) for as many pairs of as many subwords. Returns the number of batch
-    shapes."""
+    n-best, alignments) for as many pairs of as many subwords, and for each source length
+    the pairs of its longest translations. With `kept_only` (decode.py --precompile) nothing
+    is made when the store cannot keep it; else (a server's warm-up) programs are made in
+    memory all the same. Returns the number of batch shapes; `prepared`
+    says what they cover."""
     params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
-    lengths = [n for n in data_lib.length_grid(1, d.max_input_len, d.length_growth)
-               if n <= max_length]
+    grid = data_lib.length_grid(1, d.max_input_len, d.length_growth)
+    lengths = [n for n in grid if n <= max(max_length, grid[0])]
     sizes = [n for n in batch_sizes(d.tokens_per_batch)
-             if batches.START_ROWS <= n <= max_rows]
+             if batches.START_ROWS <= n <= max(max_rows, 1)]
     shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
     extra = {'every_stage': True} if d.compact else {}
+    # a translation's longest output, EOS included (hypotheses score it with its source)
+    longest = max(lengths[-1], output_length(lengths[-1], d.max_extra_len, d.max_len,
+                                             lengths[-1] if self.prefix_programs else 0))
+    score_length = int(grid[min(int(np.searchsorted(grid, longest)), len(grid) - 1)])
 
     def make(i: int) -> Optional[np.ndarray]:
-      if self.store is not None and not self.store.writable:
+      if kept_only and self.store is not None and not self.store.writable:
         return None  # nothing would be kept: decode.py says so once the calls end
       rows, n = shapes[i]
       segments = np.zeros((rows, n), np.int32)
       segments[:, 0] = 1  # a source of EOS alone: only the shape matters
       src = np.where(segments > 0, src_tok.eos_id, src_tok.pad_id).astype(np.int32)
-      return self._batch(params, src, segments, i, **extra)
+      prefix = ({'prefix': np.full((rows, n), self.model.tgt_tok.pad_id, np.int32)}
+                if self.prefix_programs else {})
+      return self._batch(params, src, segments, i, **extra, **prefix)
     with contextlib.closing(batches.in_order(make, len(shapes),
                                              self.concurrent_batches)) as made:
       for i, _ in enumerate(made):
         heap.check_memory_maps(f'{i + 1} of {len(shapes)} batch shapes', _FEWER_PROGRAMS)
-    if scoring and (self.store is None or self.store.writable):
-      scored = self.scorer.precompile(params, max_rows, max_length, src_tok.eos_id)
+    self.prepared = Prepared(max(sizes), lengths[-1])
+    if scoring and (not kept_only or self.store is None or self.store.writable):
+      scored = self.scorer.precompile(params, max_rows, score_length, src_tok.eos_id)
       heap.check_memory_maps(f'{len(shapes)} batch shapes and {scored} of scoring',
                              _FEWER_PROGRAMS)
+      self.prepared = Prepared(max(sizes), lengths[-1], score_length)
       return len(shapes) + scored
     return len(shapes)
+
+  def seal(self) -> None:
+    """From now on this engine makes no program (compiling, or loading from the store): long
+    lines are split into pieces of what `precompile` prepared, batches keep to its rows, and
+    a call that would still need another program (a prefix or a pair to score over the
+    prepared length) raises `Unprepared`, naming the limit. A server seals its engine once
+    warm: every program holds memory and a few hundred memory maps, and a process past the
+    kernel's limit on maps dies."""
+    if self.prepared is None:
+      raise ValueError('seal() needs precompile() first: nothing would be prepared')
+    self._sealed.set()
+
+  @property
+  def sealed(self) -> bool:
+    return self._sealed.is_set()
+
+  def _check_prepared(self, length: int, scoring: bool = False) -> None:
+    """Raises Unprepared when a sealed engine would need a row of `length` subwords."""
+    limit = self.prepared.score_length if scoring else self.prepared.length
+    if length > limit:
+      what = 'pair to score' if scoring else 'prefix'
+      raise Unprepared(f'a {what} of {length} subwords is over the {limit} this server '
+                       'prepared programs for (serve.py --precompile_length)')
+
+  def check_prepared(self, prefixes: Sequence[str] = (),
+                     pairs: Sequence[tuple[str, str]] = ()) -> None:
+    """Raises Unprepared (naming the limit) when a sealed engine could not take these target
+    prefixes or (source, target) pairs to score; sources of any length are split to fit."""
+    if not self.sealed:
+      return
+    given = [p for p in prefixes if p]
+    if given:
+      self._check_prepared(max(len(ids) for ids in self.model.tgt_tok.encode(given)))
+    if pairs:
+      src = self.model.src_tok.encode([s for s, _ in pairs])
+      tgt = self.model.tgt_tok.encode([t for _, t in pairs])
+      self._check_prepared(max(max(len(s), len(t)) + 1 for s, t in zip(src, tgt)), True)
+
+  def _pieces(self, lines: Sequence[str]) -> long_lines.Pieces:
+    """`lines` as source pieces (long_lines.py): split past split_len, cut past the longest
+    source a sealed engine prepared (else decode.max_input_len); counted."""
+    longest = self.prepared.length if self.sealed else self.decode.max_input_len
+    found = long_lines.split(self.model.src_tok, lines, self.split_len, longest)
+    with self._lock:
+      self.lines_split += found.split_lines
+      self.sentences_cut += found.cut_sentences
+    return found
 
   def hypotheses(self, lines: Sequence[str], progress: Progress = None,
                  prefixes: Optional[Sequence[str]] = None
@@ -254,13 +343,14 @@ class Engine:
     """Sentences -> per line (source subwords with EOS, up to n_best hypotheses, best first),
     each hypothesis scored by forced decoding (prefix included). Best is the search's order,
     or with `decode.mbr` the highest expected utility among all the beam's hypotheses
-    (mbr.mbr_order). An empty line gives no hypotheses. A line longer than
-    `decode.max_input_len` tokens gives one hypothesis: its pieces' best translations joined
+    (mbr.mbr_order). An empty line gives no hypotheses. A line translated in pieces
+    (long_lines.py) gives one hypothesis: its pieces' best translations joined
     (see `translate`; with MBR each piece's choice), scores summed, alignments into the
     line."""
     src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
-    pieces, owner = long_lines.split(src_tok, lines, self.decode.max_input_len)
-    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in pieces]
+    split = self._pieces(lines)
+    owner = split.owner
+    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in split.ids]
     found = self._search(rows, progress, long_lines.prefix_ids(tgt_tok, prefixes, owner))
     pairs = [(rows[p], h) for p, hyps in enumerate(found) for h in hyps]
     eos = np.array([tgt_tok.eos_id], np.int32)
@@ -289,6 +379,8 @@ class Engine:
     src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
     src = [np.array(ids + [src_tok.eos_id], np.int32) for ids in src_tok.encode(sources)]
     tgt = [np.array(ids, np.int32) for ids in tgt_tok.encode(targets)]
+    if self.sealed and src:
+      self._check_prepared(max(max(len(s), len(t) + 1) for s, t in zip(src, tgt)), True)
     eos = np.array([tgt_tok.eos_id], np.int32)
     scored = self.scorer.score_ids(self.params_as_computed(), src,
                                    [np.concatenate([t, eos]) for t in tgt])
@@ -308,20 +400,22 @@ class Engine:
                 prefixes: Optional[Sequence[str]] = None) -> list[str]:
     """Sentences -> translations; an empty line gives an empty line. With `prefixes` (one
     target text per line, '' for none) each translation starts with its line's prefix. A
-    line longer than `decode.max_input_len` tokens is translated in pieces
-    (long_lines.pieces), which are joined with spaces (the prefix starts the first); how
-    many lines were split or truncated goes to the log. With `decode.mbr` each is
-    `hypotheses`' first."""
+    line longer than `split_len` source subwords (decode.split_len: by default the longest
+    line the model trained on) is translated in pieces split at sentence ends
+    (long_lines.py), which are joined with spaces (the prefix starts the first); how many
+    lines were split and sentences cut goes to the log and to `lines_split` and
+    `sentences_cut`. With `decode.mbr` each is `hypotheses`' first."""
     if self.mbr != 'off':
       return [hyps[0].text if hyps else '' for _, hyps in
               self.hypotheses(lines, progress, prefixes)]
     src_tok, tgt_tok = self.model.src_tok, self.model.tgt_tok
-    pieces, owner = long_lines.split(src_tok, lines, self.decode.max_input_len)
-    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in pieces]
-    outputs = self.translate_ids(rows, progress, long_lines.prefix_ids(tgt_tok, prefixes, owner))
+    split = self._pieces(lines)
+    rows = [np.array(ids + [src_tok.eos_id], np.int32) for ids in split.ids]
+    outputs = self.translate_ids(rows, progress,
+                                 long_lines.prefix_ids(tgt_tok, prefixes, split.owner))
     texts = tgt_tok.decode([o.tolist() for o in outputs])
     result: list[list[str]] = [[] for _ in lines]
-    for i, text in zip(owner, texts):
+    for i, text in zip(split.owner, texts):
       result[i].append(text)
     return [' '.join(part for part in parts if part) for parts in result]
 

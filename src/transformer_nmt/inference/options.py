@@ -34,9 +34,11 @@ DECODE_FLAGS = {
               '--compact, between compactions).'),
     'batch_tokens': ('tokens_per_batch', 'Padded source tokens per batch.'),
     'max_extra_len': ('max_extra_len', 'Output limit = input length + this.'),
-    'max_input_len': ('max_input_len', 'Longest source in subword tokens: longer lines are '
-                      'translated in pieces split at sentence ends (a longer sentence is '
-                      'truncated), counted on stderr.'),
+    'split_len': ('split_len', 'Lines of more source subwords than this are translated in '
+                  "pieces split at sentence ends (0 = the run's data.max_len, the longest line "
+                  'the model trained on).'),
+    'max_input_len': ('max_input_len', 'Longest source sentence in subword tokens: a longer '
+                      'one is cut into pieces of this length, counted on stderr.'),
     'temperature': ('temperature', 'Sample with this temperature instead of searching '
                     '(research extra; 0 = off).'),
     'top_k': ('top_k', 'When sampling, only from the k likeliest tokens (0 = all).'),

@@ -187,12 +187,6 @@ class ProgramStore:
                     'the ones this run needs again', count, others[-1].parent,
                     ', '.join(differ) or 'identity')
 
-  def jit(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
-          donate_argnums: Sequence[int] = (),
-          compiler_options: Optional[dict[str, str]] = None) -> StoredJit:
-    """`fn` compiled as `jax.jit` does, its programs kept here (decoding.search.Jit)."""
-    return StoredJit(fn, name, self, static_argnums, donate_argnums, compiler_options)
-
   def path(self, name: str, signature: str) -> pathlib.Path:
     return self.directory / f'{name}-{_digest(signature)}.program'
 
@@ -259,17 +253,35 @@ def signature(args: Sequence[Any], kwargs: dict[str, Any], static: Sequence[int]
   return f'{tree}|{shapes}|{[args[i] for i in static]!r}'
 
 
+class Unprepared(RuntimeError):
+  """A call that needs a program no one prepared, once its `StoredJit`s are sealed."""
+
+
+def jit_factory(store: Optional[ProgramStore], sealed: threading.Event) -> Callable[..., StoredJit]:
+  """The decoders' `Jit` (decoding.search.Jit) of an engine: StoredJits on `store` (None:
+  programs kept in memory only) that refuse to make a program once `sealed` is set."""
+  def jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
+          donate_argnums: Sequence[int] = (),
+          compiler_options: Optional[dict[str, str]] = None) -> StoredJit:
+    return StoredJit(fn, name, store, static_argnums, donate_argnums, compiler_options, sealed)
+  return jit
+
+
 class StoredJit:
   """`jax.jit(fn, static_argnums=static, donate_argnums=donate)` whose compiled programs, one
   per argument signature, come from a `ProgramStore` when it holds them and go to it when
-  they are compiled; without a store, `jax.jit` itself. Static and donated arguments must be
-  positional. Threads may call it at once: each signature is loaded or compiled by one of
-  them."""
+  they are compiled; without a store and a seal, `jax.jit` itself. Once `sealed` is set, a
+  call whose signature has no program yet raises `Unprepared` instead of compiling one: a
+  server compiles nothing after its warm-up (each program holds memory and a few hundred
+  memory maps, and a process past the kernel's limit on maps dies). Static and donated
+  arguments must be positional. Threads may call it at once: each signature is loaded or
+  compiled by one of them."""
 
   def __init__(self, fn: Callable, name: str, store: Optional[ProgramStore] = None,
                static_argnums: Sequence[int] = (), donate_argnums: Sequence[int] = (),
-               compiler_options: Optional[dict[str, str]] = None):
-    self.name, self.store, self.static = name, store, tuple(static_argnums)
+               compiler_options: Optional[dict[str, str]] = None,
+               sealed: Optional[threading.Event] = None):
+    self.name, self.store, self.static, self.sealed = name, store, tuple(static_argnums), sealed
     self.jitted = jax.jit(fn, static_argnums=self.static, donate_argnums=tuple(donate_argnums),
                           compiler_options=compiler_options)
     self._programs: dict[str, jax.stages.Compiled] = {}
@@ -277,7 +289,8 @@ class StoredJit:
     self._pending: dict[str, threading.Lock] = {}  # signature -> held while it is built
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    key = None if self.store is None else signature(args, kwargs, self.static)
+    tracked = self.store is not None or self.sealed is not None
+    key = signature(args, kwargs, self.static) if tracked else None
     if key is None:
       return self.jitted(*args, **kwargs)
     dynamic = [a for i, a in enumerate(args) if i not in self.static]
@@ -290,6 +303,10 @@ class StoredJit:
       program = self._programs.get(key)
       if program is not None:
         return program(*dynamic, **kwargs)
+      if self.sealed is not None and self.sealed.is_set():
+        shapes = [tuple(getattr(x, 'shape', ())) for x in jax.tree_util.tree_leaves(
+            [a for i, a in enumerate(args) if i not in self.static][1:])][:4]
+        raise Unprepared(f'no {self.name} program was prepared for these shapes {shapes}')
       return self._build(key, args, dynamic, kwargs)
 
   def _build(self, key: str, args: Sequence[Any], dynamic: list[Any],
@@ -297,7 +314,7 @@ class StoredJit:
     """Loads (or else compiles and stores) the program for `key` and runs it once. Raises
     DataError when a stored program fails after consuming donated inputs (nothing is left
     to run a recompiled program on)."""
-    program = self.store.load(self.name, key)
+    program = None if self.store is None else self.store.load(self.name, key)
     if program is not None:
       try:  # the first call of a stored program, run to its end, proves that it works
         out = jax.block_until_ready(program(*dynamic, **kwargs))
@@ -316,7 +333,7 @@ class StoredJit:
                         reason)
     hits = _cache_hits[0]
     program = self.jitted.lower(*args, **kwargs).compile()
-    if _cache_hits[0] == hits:  # compiled here, not read from the persistent cache
+    if self.store is not None and _cache_hits[0] == hits:  # not from the persistent cache
       self.store.save(self.name, key, program)
     self._programs[key] = program
     return program(*dynamic, **kwargs)
