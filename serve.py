@@ -37,7 +37,12 @@ flags.DEFINE_integer('batches_in_flight', 2, 'Batches run at once, each from a t
 flags.DEFINE_bool('batch_across_requests', True, 'Let the sentences of concurrent requests '
                   'share batches (--nobatch_across_requests: each batch holds one request\'s).')
 flags.DEFINE_integer('max_connections', 1000, 'Open connections and requests at once; more '
-                     'are answered 503 (bounds what slow clients can hold).', lower_bound=1)
+                     'are answered 503 with Retry-After (bounds what slow clients can hold).',
+                     lower_bound=1)
+flags.DEFINE_float('header_timeout_s', 10.0, 'Seconds a request head may take to arrive, from '
+                   'the connection\'s start (or, kept alive, the first byte after an answer); '
+                   'then 408 and the connection closes, so that slow clients cannot hold '
+                   'connections.', lower_bound=0.001)
 flags.DEFINE_integer('n_best', 1, 'Most hypotheses a request may ask for (at most the beam '
                      'size).', lower_bound=1)
 flags.DEFINE_integer('max_chars', 2000, 'Longest sentence in characters.', lower_bound=1)
@@ -67,7 +72,7 @@ def run() -> None:
 
   from transformer_nmt.errors import DataError
   from transformer_nmt.inference.engine import Engine
-  from transformer_nmt.inference.server import Limits, make_app
+  from transformer_nmt.inference.server import Limits, connection_protocol, make_app
 
   f, m = flags.FLAGS, options.model_options()
   limits = Limits(f.max_chars, f.max_sentences, f.max_body_bytes, f.timeout_s,
@@ -100,8 +105,10 @@ def run() -> None:
   # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it
   # found: a no-op, so that a requested stop exits 0 (not 143) once in-flight requests end
   signal.signal(signal.SIGTERM, lambda *_: None)
+  # our connections (inference/server.py _Connection) bound slow heads and refuse past
+  # --max_connections with our JSON 503 (not uvicorn's limit_concurrency, plain text)
   uvicorn.run(server, host=f.host, port=f.port, log_level='warning',
-              limit_concurrency=f.max_connections)
+              http=connection_protocol(server, f.header_timeout_s, f.max_connections))
 
 
 if __name__ == '__main__':

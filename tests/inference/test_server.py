@@ -209,6 +209,9 @@ def test_health_page_and_metrics(client):
   sentences = [line for line in text.splitlines() if line.startswith('nmt_sentences_total')]
   assert float(sentences[0].split()[-1]) >= 1
   assert client.get('/openapi.json').json()['paths']['/v1/translate']['post']['requestBody']
+  assert '/openapi.json' not in client.get('/openapi.json').json()['paths']
+  page = client.get('/').text
+  assert 'http://' not in page and 'https://' not in page  # nothing fetched from elsewhere
 
 
 @pytest.mark.parametrize('body,status,needle', [
@@ -228,14 +231,65 @@ def test_limits_and_malformed_input(client, body, status, needle):
   assert needle in error(client.post('/v1/translate', json=body), status)
 
 
-@pytest.mark.parametrize('raw,needle', [(b'{"text": [', 'not JSON'),
-                                        (b'{"text": ["\xff\xfe"]}', 'UTF-8'),
-                                        (b'', 'not JSON'),
-                                        (b'{"text": ["\\ud800"]}', 'lone surrogate')])
+@pytest.mark.parametrize('raw,needle', [
+    (b'{"text": [', 'not JSON'),
+    (b'{"text": ["\xff\xfe"]}', 'UTF-8'),
+    (b'', 'not JSON'),
+    (b'{"text": ["\\ud800"]}', 'lone surrogate'),
+    ('{"text": ["a"]}'.encode('utf-16'), 'UTF-16'),  # json.loads(bytes) would read them
+    ('{"text": ["a"]}'.encode('utf-16-le'), 'not JSON in UTF-8'),  # no byte order mark
+    ('{"text": ["a"]}'.encode('utf-32'), 'UTF-32'),
+    # past json.loads' recursion limit (about 1,000): refused before parsing
+    (b'{"text": ' + b'[' * 1900 + b']' * 1900 + b'}', 'deeper than 32 levels'),
+    (b'{"text": ' + b'[' * 32 + b']' * 32 + b'}', 'deeper than 32 levels'),  # 33 levels
+], ids=['cut', 'not_utf8', 'empty', 'surrogate', 'utf16', 'utf16_no_bom', 'utf32', 'nested_1900',
+        'nested_33'])
 def test_bad_json_and_encoding(client, raw, needle):
   response = client.post('/v1/translate', content=raw,
                          headers={'Content-Type': 'application/json'})
   assert needle in error(response, 400)
+
+
+def test_json_within_the_depth_limit_is_parsed(client):
+  """32 levels pass the depth check, brackets in strings do not count, a UTF-8 byte order
+  mark is skipped: each fails validation after (422), so it was parsed."""
+  for raw in (b'{"text": ' + b'[' * 31 + b']' * 31 + b'}',
+              b'{"text": ["' + b'[{' * 100 + b'\\"]"], "n_best": 0}',
+              b'\xef\xbb\xbf{"text": ["a"], "n_best": 0}'):
+    response = client.post('/v1/translate', content=raw,
+                           headers={'Content-Type': 'application/json'})
+    error(response, 422)
+
+
+@pytest.mark.parametrize('content_type', [None, 'text/plain', 'application/x-www-form-urlencoded',
+                                          'multipart/form-data; boundary=x', 'application/json5',
+                                          'application/json; charset=utf-16'])
+def test_only_json_bodies_are_accepted(client, content_type):
+  """Types a web page's form or script may send without a CORS preflight are refused (415),
+  so that no page can post to a server on its visitor's machine."""
+  headers = {} if content_type is None else {'Content-Type': content_type}
+  message = error(client.post('/v1/translate', content=b'{"text": ["a"]}', headers=headers),
+                  415)
+  assert 'application/json' in message
+  assert (content_type or 'without a Content-Type') in message
+
+
+@pytest.mark.parametrize('content_type', ['application/json', 'Application/JSON; Charset=UTF-8',
+                                          'application/json;charset="utf-8"'])
+def test_json_content_types(client, content_type):
+  error(client.post('/v1/translate', content=b'{"text": []}',
+                    headers={'Content-Type': content_type}), 422)  # past the type: validated
+
+
+def test_errors_quote_only_a_short_prefix_of_a_value(client):
+  """A client's huge value (a 3,900-digit n_best, a long field name or type) is not sent
+  back whole: 40 characters of it and '...'."""
+  messages = [error(client.post('/v1/translate', json={'text': ['a'], **extra}), 422)
+              for extra in ({'n_best': int('9' * 3900)}, {'x' * 3900: 1})]
+  messages.append(error(client.post('/v1/translate', content=b'{}', headers={
+      'Content-Type': 'text/' + 'y' * 4000}), 415))
+  for message, shown in zip(messages, ('n_best=' + '9' * 40, 'x' * 40, 'text/' + 'y' * 35)):
+    assert shown + '...' in message and len(message) < 200, message
 
 
 def test_a_streamed_body_over_the_limit(client):
@@ -258,6 +312,14 @@ def test_errors_are_counted_by_kind(client):
 def test_api_key(engine, lines, expected):
   with TestClient(make_app(engine, LIMITS, api_key='s3cret')) as c:
     assert c.get('/health').status_code == 200
+    page = c.get('/')  # a browser opens it without the key: the page has a field for it
+    assert page.status_code == 200 and '<input id="key" type="password">' in page.text
+    assert "headers['Authorization'] = 'Bearer ' + key" in page.text
+    error(c.get('/openapi.json'), 401)
+    keyed = {'Authorization': 'Bearer s3cret'}
+    assert '/v1/translate' in c.get('/openapi.json', headers=keyed).json()['paths']
+    for path in ('/docs', '/redoc'):  # off: they load their scripts from a CDN
+      error(c.get(path, headers=keyed), 404)
     error(c.post('/v1/translate', json={'text': lines[:1]}), 401)
     error(c.get('/metrics'), 401)
     error(c.post('/v1/translate', json={'text': lines[:1]},
@@ -326,7 +388,8 @@ def test_serve_help_and_bad_flags():
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, 'serve.py', '--help'], cwd=ROOT, capture_output=True,
                        text=True, timeout=120, env=env).stdout
-  for flag in ('--workdir', '--port', '--beam_size', '--max_wait_ms', '--api_key_file'):
+  for flag in ('--workdir', '--port', '--beam_size', '--max_wait_ms', '--api_key_file',
+               '--header_timeout_s', '--max_connections'):
     assert f'  {flag}:' in out, flag
   for bad, needle in (('--port=-1', '--port'), ('--max_wait_ms=-1', '--max_wait_ms')):
     result = subprocess.run([sys.executable, 'serve.py', '--workdir', 'x', bad], cwd=ROOT,

@@ -1,11 +1,14 @@
-"""serve.py's API under hostile clients, over real sockets (uvicorn on loopback in a thread):
-a body sent too slowly, a client that leaves mid-batch (whole or streamed answers), while
-others are served. The engine's translate is replaced by a gated fake so that the tests
-decide when a batch ends; the rest (tokenizers, settings) is the tiny model's."""
+"""serve.py's API under hostile clients, over real sockets (uvicorn on loopback in a thread,
+with serve.py's connections: server.connection_protocol): a request head or a body sent too
+slowly, more connections than allowed, a client that leaves mid-batch (whole or streamed
+answers) or half-closes, while others are served. The engine's translate is replaced by a
+gated fake so that the tests decide when a batch ends; the rest (tokenizers, settings) is the
+tiny model's."""
 
 import contextlib
 import copy
 import dataclasses
+import http.client
 import json
 import socket
 import threading
@@ -16,7 +19,7 @@ import pytest
 import uvicorn
 
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.server import Limits, make_app
+from transformer_nmt.inference.server import Limits, connection_protocol, make_app
 
 LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=2.0,
                 max_queue_sentences=64)
@@ -46,7 +49,8 @@ def engine(loaded) -> Engine:
 
 
 @contextlib.contextmanager
-def serving(engine, **options):
+def serving(engine, header_timeout_s: float = 10, max_connections: int | None = None,
+            **options):
   """The app on a free loopback port, its scheduler and the gated fake."""
   gated, patched = Gated(), copy.copy(engine)
   patched.translate = gated
@@ -54,7 +58,9 @@ def serving(engine, **options):
   with socket.socket() as probe:
     probe.bind(('127.0.0.1', 0))
     port = probe.getsockname()[1]
-  server = uvicorn.Server(uvicorn.Config(app, host='127.0.0.1', port=port, log_level='error'))
+  server = uvicorn.Server(uvicorn.Config(
+      app, host='127.0.0.1', port=port, log_level='error',
+      http=connection_protocol(app, header_timeout_s, max_connections)))
   thread = threading.Thread(target=server.run, daemon=True)
   thread.start()
   deadline = time.monotonic() + 20
@@ -88,6 +94,14 @@ def raw_request(port: int, body: bytes, length: int | None = None) -> socket.soc
           f'Content-Length: {len(body) if length is None else length}\r\n\r\n').encode()
   conn.sendall(head + body)
   return conn
+
+
+def answer(conn: socket.socket) -> tuple[int, http.client.HTTPMessage, bytes]:
+  """The status, headers and body of the answer read from `conn`, interim (1xx) answers
+  skipped as clients do."""
+  response = http.client.HTTPResponse(conn)
+  response.begin()
+  return response.status, response.msg, response.read()
 
 
 def metric(port: int, name: str) -> float:
@@ -180,3 +194,91 @@ def test_a_streamed_answer_past_its_deadline_ends_with_an_error_line(engine):
     assert lines[-1] == {'error': 'not answered within timeout_s=2 seconds', 'status': 504}
     assert len(lines) == 2
     assert metric(port, 'nmt_errors_total{kind="deadline"}') == 1
+
+
+def test_a_request_head_not_received_in_time_gets_408_and_the_connection_closes(engine):
+  """A head must arrive within header_timeout_s of the connection's start, or on a kept-alive
+  connection of the next request's first byte; a connection that sends nothing is closed
+  without a word; others are served meanwhile."""
+  with serving(engine, header_timeout_s=0.3) as (port, _, gated):
+    gated.let()
+    partial = socket.create_connection(('127.0.0.1', port), timeout=20)
+    partial.sendall(b'POST /v1/translate HTTP/1.1\r\nHost: x\r\n')  # never ends
+    silent = socket.create_connection(('127.0.0.1', port), timeout=20)
+    kept = socket.create_connection(('127.0.0.1', port), timeout=20)
+    kept.sendall(b'GET /health HTTP/1.1\r\nHost: x\r\n\r\n')
+    assert answer(kept)[0] == 200
+    kept.sendall(b'GET /hea')  # the next request's head, never ended
+    t0 = time.monotonic()
+    status, body = post(port, {'text': ['served']})
+    assert status == 200 and json.loads(body)['translations'] == [{'text': 'SERVED'}]
+    for conn in (partial, kept):
+      status, headers, body = answer(conn)
+      assert status == 408 and headers['Connection'] == 'close'
+      assert json.loads(body) == {'error': 'the request head did not arrive within '
+                                           'header_timeout_s=0.3 seconds'}
+      assert conn.recv(1) == b''  # closed
+      conn.close()
+    assert silent.recv(1) == b''
+    silent.close()
+    assert time.monotonic() - t0 < 5
+    assert metric(port, 'nmt_errors_total{kind="slow_head"}') == 2
+    assert metric(port, 'nmt_errors_total{kind="idle_connection"}') == 1
+
+
+def test_past_max_connections_a_request_gets_our_json_503(engine):
+  """Open connections count (this one too): past max_connections a request gets one JSON
+  line, Retry-After and a closed connection, counted in /metrics; served once they close."""
+  with serving(engine, max_connections=2) as (port, _, gated):
+    gated.let()
+    idle = [socket.create_connection(('127.0.0.1', port), timeout=20) for _ in range(2)]
+    conn = raw_request(port, json.dumps({'text': ['refused']}).encode())
+    status, headers, body = answer(conn)
+    conn.close()
+    assert status == 503 and headers['Retry-After'] == '1'
+    assert headers['Connection'] == 'close'
+    assert json.loads(body) == {
+        'error': 'busy: over max_connections=2 connections or requests at once'}
+    for c in idle:
+      c.close()
+    refused = 1
+    while (answered := post(port, {'text': ['served']}))[0] == 503:  # until they are closed
+      refused += 1
+    assert answered[0] == 200
+    assert json.loads(answered[1])['translations'] == [{'text': 'SERVED'}]
+    assert metric(port, 'nmt_errors_total{kind="connection_limit"}') == refused
+    assert gated.batches == [['served']]
+
+
+def test_a_client_that_half_closes_gets_its_answer(engine):
+  """A client that shuts its sending side after the request (shutdown(SHUT_WR)) is still
+  reading: it gets its whole answer, plain or streamed, while a client that closed is
+  dropped (the tests above)."""
+  with serving(engine) as (port, _, gated):
+    for body, stream in ((['half', 'closed'], False), (['streamed'], True)):
+      gated.started.clear()
+      conn = raw_request(port, json.dumps({'text': body, 'stream': stream}).encode())
+      assert gated.started.wait(10)  # in a batch when the client's end of input comes
+      conn.shutdown(socket.SHUT_WR)
+      time.sleep(0.1)  # the server sees it while the batch runs
+      gated.let()
+      status, headers, got = answer(conn)
+      conn.close()
+      assert status == 200
+      if stream:
+        lines = [json.loads(line) for line in got.decode().splitlines()]
+        assert lines[0] == {'index': 0, 'text': 'STREAMED'} and 'model' in lines[1]
+      else:
+        assert json.loads(got)['translations'] == [{'text': 'HALF'}, {'text': 'CLOSED'}]
+    assert metric(port, 'nmt_errors_total{kind="disconnected"}') == 0
+
+
+def test_a_client_that_leaves_mid_body_is_not_an_internal_error(engine):
+  with serving(engine) as (port, _, gated):
+    conn = raw_request(port, b'{"text": ["a', length=40)  # the rest never comes
+    time.sleep(0.1)
+    conn.close()
+    assert wait_for(lambda: metric(port, 'nmt_errors_total{kind="disconnected"}') == 1)
+    assert metric(port, 'nmt_errors_total{kind="internal"}') == 0
+    gated.let()
+    assert post(port, {'text': ['after']})[0] == 200

@@ -3,13 +3,21 @@ it can get, each one JSON line with its status (inference/server.py answers them
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import json
+import re
 from typing import Any, Optional
 
+import numpy as np
 import pydantic
 from fastapi.exceptions import RequestValidationError
 
 RETRY_AFTER_S = 1  # what a 503 (queue full, warming up) tells the client to wait
+# Deepest nesting of arrays and objects a body may have (ours need 2). Checked before parsing:
+# json.loads recurses once per level and fails with RecursionError near 1,000.
+MAX_JSON_DEPTH = 32
+SHOWN_CHARS = 40  # the most of a client's value that an error message quotes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +69,73 @@ class ApiError(Exception):
 
 
 def one_line(e: pydantic.ValidationError | RequestValidationError) -> str:
-  """The first validation error as 'where: what' (where: the field's path)."""
+  """The first validation error as 'where: what' (where: the field's path, each part
+  shortened: an unknown field's name is the client's)."""
   first = e.errors()[0]
-  where = '.'.join(str(part) for part in first.get('loc', ()) if part != 'body') or 'body'
+  where = '.'.join(shown(part) for part in first.get('loc', ()) if part != 'body') or 'body'
   more = f' (and {len(e.errors()) - 1} more)' if len(e.errors()) > 1 else ''
   return f'{where}: {first.get("msg", "invalid")}{more}'
+
+
+def shown(value: Any) -> str:
+  """`value` as an error message quotes it: at most SHOWN_CHARS characters, so that a client's
+  huge value (a 4,000-digit number, a long field name) is not sent back whole."""
+  text = str(value)
+  return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + '...'
+
+
+def is_json_type(content_type: Optional[str]) -> bool:
+  """Whether a Content-Type header says JSON in UTF-8: `application/json`, optionally with
+  `charset=utf-8` (case-insensitive). Only these: a browser sends other types (text/plain,
+  forms) from any web page without asking the server first (no CORS preflight), so accepting
+  them would let any page a user opens post to a server on their machine."""
+  media, *params = (content_type or '').split(';')
+  if media.strip().lower() != 'application/json':
+    return False
+  for param in filter(str.strip, params):
+    name, _, value = param.partition('=')
+    if name.strip().lower() != 'charset' or value.strip().strip('"').lower() != 'utf-8':
+      return False
+  return True
+
+
+_OTHER_UNICODE = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE,
+                  codecs.BOM_UTF16_BE)
+# A JSON string, or an unterminated one up to the end: the closing quote is optional so that
+# every match attempt at a quote succeeds, which keeps the scan linear on hostile input.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?')
+_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+
+
+def json_depth(text: str) -> int:
+  """The deepest nesting of arrays and objects in a JSON text (brackets inside strings do not
+  count), found without recursing: a running sum over the brackets."""
+  brackets = _NOT_BRACKET.sub('', _STRING.sub('', text)).encode('ascii')
+  if not brackets:
+    return 0
+  codes = np.frombuffer(brackets, np.uint8)
+  steps = np.where((codes == ord('[')) | (codes == ord('{')), 1, -1)
+  return int(np.cumsum(steps).max())
+
+
+def parsed_json(body: bytes) -> Any:
+  """A request body as JSON: UTF-8 only (a UTF-8 byte order mark is skipped), nested at most
+  MAX_JSON_DEPTH deep; else ApiError 400. Decoded here, since json.loads of bytes would take
+  UTF-16 and UTF-32 as well."""
+  if body.startswith(_OTHER_UNICODE):
+    raise ApiError(400, 'the body is UTF-16 or UTF-32 (it starts with a byte order mark): '
+                   'send JSON in UTF-8', 'bad_json')
+  try:
+    text = body.decode('utf-8-sig')
+    # More brackets in all than the limit is the only way to nest deeper: most bodies skip
+    # the scan.
+    if text.count('[') + text.count('{') > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+      raise ApiError(400, f'the body nests arrays or objects deeper than {MAX_JSON_DEPTH} '
+                     'levels', 'bad_json')
+    return json.loads(text)
+  except ValueError as e:  # invalid UTF-8 too (UnicodeDecodeError)
+    raise ApiError(400, f'the body is not JSON in UTF-8: {" ".join(str(e).split())}',
+                   'bad_json') from None
 
 
 def body_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -21,12 +22,15 @@ import traceback
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
+import h11
 import numpy as np
 import prometheus_client as prom
 import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import UserError
@@ -37,7 +41,10 @@ from transformer_nmt.inference.api import (
   ScoreRequest,
   TranslateRequest,
   body_schema,
+  is_json_type,
   one_line,
+  parsed_json,
+  shown,
 )
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.page import PAGE
@@ -115,7 +122,8 @@ class _Service:
     t0 = time.monotonic()
     request.state.deadline = t0 + self.limits.timeout_s  # reading the body counts too
     try:
-      if self.api_key is not None and endpoint != 'health':
+      # The page holds no secret and has a field for the key, which its requests send.
+      if self.api_key is not None and endpoint not in ('health', 'page'):
         given = request.headers.get('authorization', '').encode()
         if not hmac.compare_digest(given, f'Bearer {self.api_key}'.encode()):
           raise ApiError(401, 'missing or wrong API key (header "Authorization: Bearer KEY")',
@@ -225,18 +233,27 @@ class _Service:
     return json.dumps({'error': e.message, 'status': e.status}) + '\n'
 
   async def parsed(self, request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
-    """The body as `model`, read up to max_body_bytes."""
+    """The body as `model`: declared as JSON, read up to max_body_bytes, UTF-8
+    (api.parsed_json)."""
+    given = request.headers.get('content-type')
+    if not is_json_type(given):
+      raise ApiError(415, 'the body must be sent as "Content-Type: application/json" (UTF-8), '
+                     f'not {shown(given) if given else "without a Content-Type"}',
+                     'content_type')
     limit = self.limits.max_body_bytes
     declared = request.headers.get('content-length', '')
     size, chunks = int(declared) if declared.isdigit() else 0, []
 
     async def read() -> int:
       got = 0
-      async for chunk in request.stream():
-        got += len(chunk)
-        if got > limit:
-          break
-        chunks.append(chunk)
+      try:
+        async for chunk in request.stream():
+          got += len(chunk)
+          if got > limit:
+            break
+          chunks.append(chunk)
+      except ClientDisconnect:  # gone before its body was whole: nobody to answer
+        raise ApiError(499, 'the client closed the request', 'disconnected') from None
       return got
     if size <= limit:
       try:  # a body sent slowly (slow loris) holds its connection until the deadline only
@@ -246,11 +263,7 @@ class _Service:
                        f'{self.limits.timeout_s:g} seconds', 'slow_body') from None
     if size > limit:
       raise ApiError(413, f'the body is over max_body_bytes={limit}', 'body_too_large')
-    try:
-      data = json.loads(b''.join(chunks))
-    except ValueError as e:  # invalid UTF-8 too (UnicodeDecodeError)
-      raise ApiError(400, f'the body is not JSON in UTF-8: {" ".join(str(e).split())}',
-                     'bad_json') from None
+    data = parsed_json(b''.join(chunks))
     try:
       return model.model_validate(data)
     except pydantic.ValidationError as e:
@@ -289,8 +302,9 @@ class _Service:
                      'give one per sentence', 'invalid')
     self.checked(prefixes, 'prefix')
     if body.n_best > self.engine.n_best:
-      raise ApiError(422, f'n_best={body.n_best} is over the n_best={self.engine.n_best} '
-                     'this server was started with (serve.py --n_best)', 'limit')
+      raise ApiError(422, f'n_best={shown(body.n_best)} is over the '
+                     f'n_best={self.engine.n_best} this server was started with (serve.py '
+                     '--n_best)', 'limit')
     scored = (body.return_scores or body.return_alignment or body.return_attention
               or body.n_best > 1)
     kind = 'hypotheses' if scored else 'translate'
@@ -370,7 +384,12 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   left alive is frozen out of garbage collection (warm_up). `api_key` guards everything but
   /health (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
   request's sentences (no batching across requests: bench/serve.py's comparison).
-  `batches_in_flight` batches run at once (Scheduler's `workers`)."""
+  `batches_in_flight` batches run at once (Scheduler's `workers`). Its connections are
+  uvicorn's with `http=connection_protocol(app, ...)`: time limits on request heads, the
+  connection limit and half-closed clients.
+
+  FastAPI's /docs and /redoc are off (they load their scripts from a CDN, and no page of
+  ours may need the internet); /openapi.json is served as any endpoint, behind the API key."""
   limits.check()
   service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests,
                      batches_in_flight)
@@ -385,15 +404,20 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
 
   if warm is None:
     service.ready.set()
-  app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan)
+  app = fastapi.FastAPI(title='Transformer NMT', lifespan=lifespan, docs_url=None,
+                        redoc_url=None, openapi_url=None)
   app.state.scheduler, app.state.metrics = service.scheduler, service.metrics
-  app.state.ready = service.ready
+  app.state.ready, app.state.service = service.ready, service
+
+  async def openapi(_: fastapi.Request) -> Response:
+    return JSONResponse(app.openapi())
   routes = [('post', '/v1/translate', 'translate', service.translate,
              body_schema(TranslateRequest)),
             ('post', '/v1/score', 'score', service.score, body_schema(ScoreRequest)),
             ('get', '/health', 'health', service.health, None),
             ('get', '/metrics', 'metrics', service.metrics_text, None),
-            ('get', '/', 'page', service.page, None)]
+            ('get', '/', 'page', service.page, None),
+            ('get', '/openapi.json', 'openapi', openapi, None)]
   for method, path, name, handler, body in routes:
     _route(app, service, method, path, name, handler, body)
 
@@ -423,10 +447,167 @@ def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name
   async def endpoint(request: fastapi.Request) -> Response:
     return await service.answered(name, request, lambda: handler(request))
   endpoint.__name__ = name
-  extra = {'openapi_extra': body} if body else {}
+  extra: dict[str, Any] = {'openapi_extra': body} if body else {}
   if path == '/':
     extra['response_class'] = HTMLResponse
+  if name == 'openapi':
+    extra['include_in_schema'] = False
   getattr(app, method)(path, **extra)(endpoint)
+
+
+HEADER_TIMEOUT_S = 10.0  # serve.py --header_timeout_s
+_PEER_CHECKS_S = (0.02, 1.0)  # the first and the longest wait between checks of a half-close
+
+
+def connection_protocol(app: fastapi.FastAPI, header_timeout_s: float = HEADER_TIMEOUT_S,
+                        max_connections: Optional[int] = None) -> type[asyncio.Protocol]:
+  """uvicorn's `http` for `make_app`'s app (uvicorn.Config(app, http=...)): uvicorn's
+  HTTP/1.1 connection (h11) with a time limit on request heads, `max_connections` (in place of
+  uvicorn's limit_concurrency, which must stay unset) and half-closed clients answered
+  (_Connection)."""
+  if header_timeout_s <= 0:
+    raise ValueError(f'header_timeout_s={header_timeout_s} must be positive')
+  if max_connections is not None and max_connections < 1:
+    raise ValueError(f'max_connections={max_connections} must be positive')
+  return type('Connection', (_Connection,), {'service': app.state.service,
+                                             'header_timeout_s': header_timeout_s,
+                                             'max_connections': max_connections})
+
+
+class _Connection(H11Protocol):
+  """A client's connection: uvicorn's h11 protocol with three changes.
+
+  A request head must arrive within `header_timeout_s` of the connection's start, or on a
+  kept-alive connection of the first byte after an answer; else the connection closes, with
+  a 408 JSON line if part of a head came. uvicorn bounds an idle kept-alive connection
+  (timeout_keep_alive) and the app bounds a slow body (its deadline), but nothing bounded a
+  head that never ends: such connections stayed open until they filled max_connections, and
+  then every client got 503.
+
+  Past `max_connections` open connections or requests in flight a request gets 503, one JSON
+  line with Retry-After, counted in /metrics (uvicorn's own refusal is plain text, uncounted).
+
+  A client that half-closes after its request (shutdown(SHUT_WR): no more to send, still
+  reading) gets its answer. TCP cannot tell that from a client that has gone: both send FIN,
+  on which uvicorn closed the connection, so the half-closed client got nothing. Only a write
+  tells them apart: a client that has gone answers it with a reset. So on FIN with a request
+  in flight the connection stays open, sends a probe every client must accept (an interim
+  `100 Continue` before the answer on HTTP/1.1; a space before the next line of a streamed
+  answer, as JSON allows whitespace before a value), and reads the socket's error soon after
+  and then every second: on a reset it closes, and the request hears its client leave, as
+  when the connection drops. An HTTP/1.0 request before its answer gets no probe (1xx
+  answers are not HTTP/1.0): a client of it that has gone is found once the answer is
+  written."""
+
+  service: _Service
+  header_timeout_s: float
+  max_connections: Optional[int]
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    super().__init__(*args, **kwargs)
+    self._app, self.app = self.app, self._limited  # uvicorn runs `self.app` per request
+    self._head_timer: Optional[asyncio.TimerHandle] = None
+    self._peer_timer: Optional[asyncio.TimerHandle] = None
+    self._ndjson = False  # the answer under way is a stream of JSON lines
+
+  async def _limited(self, scope: Any, receive: Any, send: Any) -> None:
+    """The app, unless more than max_connections connections or requests are open (this one
+    counted): then 503, and the connection closes."""
+    limit = self.max_connections
+    if limit is not None and max(len(self.connections), len(self.tasks)) > limit:
+      refusal = self.service.error_response(ApiError(
+          503, f'busy: over max_connections={limit} connections or requests at once',
+          'connection_limit', {'Retry-After': str(RETRY_AFTER_S), 'Connection': 'close'}))
+      await refusal(scope, receive, send)
+      return
+    self._ndjson = False
+
+    async def watched(message: Any) -> None:
+      if message['type'] == 'http.response.start':
+        self._ndjson = any(name.lower() == b'content-type' and
+                           value.startswith(b'application/x-ndjson')
+                           for name, value in message.get('headers', ()))
+      await send(message)
+    await self._app(scope, receive, watched)
+
+  def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    super().connection_made(transport)  # type: ignore[arg-type]
+    self._watch_head(arrived=True)  # from the connection's start
+
+  def connection_lost(self, exc: Optional[Exception]) -> None:
+    for timer in (self._head_timer, self._peer_timer):
+      if timer is not None:
+        timer.cancel()
+    super().connection_lost(exc)
+
+  def data_received(self, data: bytes) -> None:
+    super().data_received(data)
+    self._watch_head(arrived=True)
+
+  def on_response_complete(self) -> None:
+    super().on_response_complete()  # runs a pipelined request already received
+    self._watch_head(arrived=bool(self.conn.trailing_data[0])
+                     or self.conn.their_state is not h11.IDLE)
+
+  def _between_requests(self) -> bool:
+    return self.cycle is None or self.cycle.response_complete
+
+  def _watch_head(self, arrived: bool) -> None:
+    """Stops the head's clock once a request is under way; starts it between requests when
+    bytes have `arrived` (an idle kept-alive connection is uvicorn's timeout_keep_alive's)."""
+    if not self._between_requests():
+      if self._head_timer is not None:
+        self._head_timer.cancel()
+        self._head_timer = None
+    elif arrived and self._head_timer is None and not self.transport.is_closing():
+      self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+  def _head_too_slow(self) -> None:
+    self._head_timer = None
+    if self.transport.is_closing() or not self._between_requests():
+      return
+    if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:  # part of a head
+      response = self.service.error_response(ApiError(
+          408, 'the request head did not arrive within '
+          f'header_timeout_s={self.header_timeout_s:g} seconds', 'slow_head',
+          {'Connection': 'close'}))
+      head = [b'HTTP/1.1 408 Request Timeout'] + [
+          name + b': ' + value for name, value in response.raw_headers]
+      self.transport.write(b'\r\n'.join(head) + b'\r\n\r\n' + response.body)
+    else:  # nothing came (a browser may open a connection ahead of need), or a body's rest
+      self.service.metrics.errors.labels('idle_connection').inc()
+    self.transport.close()
+
+  def eof_received(self) -> Optional[bool]:
+    """The client will send no more: the connection stays open while its whole request is
+    answered (and the client probed); otherwise it closes, as uvicorn's does."""
+    cycle = self.cycle
+    if (cycle is None or cycle.response_complete
+        or self.conn.their_state not in (h11.DONE, h11.MUST_CLOSE)):
+      return None
+    cycle.keep_alive = False  # closed once answered: nothing more can come
+    if not cycle.response_started and self.scope['http_version'] == '1.1':
+      cycle.waiting_for_100_continue = False
+      self.transport.write(self.conn.send(h11.InformationalResponse(
+          status_code=100, headers=[], reason=b'Continue')))
+    elif cycle.response_started and self._ndjson:
+      self.transport.write(self.conn.send(h11.Data(data=b' ')))
+    wait = _PEER_CHECKS_S[0]
+    self._peer_timer = self.loop.call_later(wait, self._check_peer, wait)
+    return True
+
+  def _check_peer(self, wait: float) -> None:
+    """Closes the connection once the socket has an error (the client reset it: it had
+    gone), until the answer is complete."""
+    self._peer_timer = None
+    if self.transport.is_closing() or self._between_requests():
+      return
+    sock = self.transport.get_extra_info('socket')
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+      self.transport.abort()  # connection_lost: the request hears its client leave
+      return
+    wait = min(2 * wait, _PEER_CHECKS_S[1])
+    self._peer_timer = self.loop.call_later(wait, self._check_peer, wait)
 
 
 def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
