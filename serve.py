@@ -9,9 +9,11 @@ Sentences of concurrent requests share batches (up to --batch_tokens, waiting at
   POST /v1/score      {"source": [...], "target": [...]}
   GET  /health        ready once the programs of small batches are compiled or loaded
   GET  /metrics       Prometheus
-  GET  /              a web page to try it
+  GET  /              a web page to try it (it asks for the API key, if there is one)
+  GET  /openapi.json  the API's description (FastAPI's /docs and /redoc are off: they need
+                      the internet)
 
-It binds 127.0.0.1 unless --host says otherwise; --api_key_file guards all but /health.
+It binds 127.0.0.1 unless --host says otherwise; --api_key_file guards all but /health and /.
 SIGTERM (or Ctrl-C) stops accepting, finishes the requests in flight and exits 0.
 """
 
@@ -57,7 +59,8 @@ flags.DEFINE_bool('gc_freeze', True, 'Once warm, leave the objects alive then ou
                   'collection (compiling leaves millions, which each full collection would walk '
                   'with every request stalled); --nogc_freeze: collect them as usual.')
 flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests must send as '
-                    '"Authorization: Bearer KEY" (all but /health).')
+                    '"Authorization: Bearer KEY" (all but /health and the page at /, which '
+                    'asks for it).')
 flags.DEFINE_integer('precompile_rows', None, 'Before /health says ready: the programs '
                      '(translation, and scoring for scores, n-best and alignments) of batches '
                      'of up to this many sentences (default: as many as --batch_tokens holds, '

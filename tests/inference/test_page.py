@@ -2,6 +2,7 @@
 driven by Playwright, against the real server (uvicorn in a thread) on the noised tiny
 model of test_server.py (conftest.noisy_engine, whose compiled programs it shares)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -13,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from transformer_nmt.inference.server import Limits, make_app
+from transformer_nmt.inference.server import Limits, connection_protocol, make_app
 
 CHROMIUM = '/usr/bin/chromium'
 if not os.access(CHROMIUM, os.X_OK):
@@ -30,39 +31,56 @@ MAX_CHARS = 80  # low, so that a typed sentence can break it
 WAIT_MS = 120_000  # the first translation may compile programs
 
 
-@pytest.fixture(scope='module')
-def url(noisy_engine):
-  """The base URL of the API and page served by uvicorn on a free local port."""
+@contextlib.contextmanager
+def serving(engine, **options):
+  """The base URL of the API and page (make_app(engine, **options)) served by uvicorn, as
+  serve.py runs it, on a free local port."""
   import uvicorn
   with socket.socket() as probe:
     probe.bind(('127.0.0.1', 0))
     port = probe.getsockname()[1]
-  app = make_app(noisy_engine, Limits(max_chars=MAX_CHARS), max_wait_ms=20)
-  server = uvicorn.Server(uvicorn.Config(app, host='127.0.0.1', port=port, log_level='warning'))
+  app = make_app(engine, Limits(max_chars=MAX_CHARS), max_wait_ms=20, **options)
+  server = uvicorn.Server(uvicorn.Config(app, host='127.0.0.1', port=port, log_level='warning',
+                                         http=connection_protocol(app)))
   thread = threading.Thread(target=server.run, name='uvicorn', daemon=True)
   thread.start()
   deadline = time.monotonic() + 30
   while not server.started and thread.is_alive() and time.monotonic() < deadline:
     time.sleep(0.05)
   assert server.started, 'uvicorn did not start'
-  yield f'http://127.0.0.1:{port}'
-  server.should_exit = True
-  thread.join(30)
+  try:
+    yield f'http://127.0.0.1:{port}'
+  finally:
+    server.should_exit = True
+    thread.join(30)
 
 
 @pytest.fixture(scope='module')
-def page(url):
-  """A page of a fresh headless chromium (its own profile), opened at /."""
+def url(noisy_engine):
+  with serving(noisy_engine) as base:
+    yield base
+
+
+@pytest.fixture(scope='module')
+def browser():
+  """A fresh headless chromium (its own profile)."""
   with tempfile.TemporaryDirectory(prefix='chromium_profile_') as profile, \
        sync_api.sync_playwright() as playwright:
-    browser = playwright.chromium.launch_persistent_context(
+    context = playwright.chromium.launch_persistent_context(
         profile, executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
     try:
-      tab = browser.new_page()
-      tab.goto(url + '/')
-      yield tab
+      yield context
     finally:
-      browser.close()
+      context.close()
+
+
+@pytest.fixture(scope='module')
+def page(browser, url):
+  """A page opened at /."""
+  tab = browser.new_page()
+  tab.goto(url + '/')
+  yield tab
+  tab.close()
 
 
 def api(url: str, body: dict) -> tuple[int, dict]:
@@ -135,3 +153,23 @@ def test_an_error_shows_the_servers_message(page, url):
   sync_api.expect(error).to_have_count(1, timeout=WAIT_MS)
   assert error.text_content() == answer['error']
   assert page.locator('#out .best').count() == 0
+
+
+def test_with_an_api_key_the_page_opens_and_sends_the_key_from_its_field(browser, noisy_engine,
+                                                                        lines):
+  """The page needs no key to open; its requests carry the one typed in its field."""
+  with serving(noisy_engine, api_key='s3cret') as base:
+    tab = browser.new_page()
+    try:
+      assert tab.goto(base + '/').status == 200
+      translate(tab, lines[0])  # no key typed yet: the server's 401 is shown
+      error = tab.locator('#out .error')
+      sync_api.expect(error).to_have_count(1, timeout=WAIT_MS)
+      assert 'API key' in error.text_content()
+      tab.fill('#key', 's3cret')
+      translate(tab, lines[0])
+      best = tab.locator('#out .best')
+      sync_api.expect(best).to_have_count(1, timeout=WAIT_MS)
+      assert best.all_text_contents() == noisy_engine.translate(lines[:1])
+    finally:
+      tab.close()

@@ -1,7 +1,9 @@
 """serve.py's HTTP API on an Engine: translations and scores as JSON, batched across requests
 by scheduler.py, with limits, an optional API key, a health check, Prometheus metrics and a
 web page. Every error is one JSON line `{"error": ...}` with a 4xx or 5xx status, never a
-traceback; no request field names a file (unknown fields are refused)."""
+traceback; no request field names a file (unknown fields are refused). Its connections
+(connection_protocol) bound slow request heads, refuse past max_connections in JSON and
+answer half-closed clients."""
 
 from __future__ import annotations
 
