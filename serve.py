@@ -64,10 +64,11 @@ flags.DEFINE_string('api_key_file', None, 'File holding an API key that requests
 flags.DEFINE_integer('precompile_rows', None, 'Before /health says ready: the programs '
                      '(translation, and scoring for scores, n-best and alignments) of batches '
                      'of up to this many sentences (default: as many as --batch_tokens holds, '
-                     'every batch the server can form) ...', lower_bound=0)
+                     'every batch the server can form) ...', lower_bound=1)
 flags.DEFINE_integer('precompile_length', PRECOMPILE_LENGTH, '... of up to this many source '
-                     'subwords are compiled or loaded (longer sentences compile their programs '
-                     'the first time).', lower_bound=1)
+                     'subwords are compiled or loaded. Nothing is compiled after: longer '
+                     'sentences are translated in pieces of this length, and a prefix or a pair '
+                     'to score longer than it is answered 422.', lower_bound=1)
 
 
 def run() -> None:
@@ -96,9 +97,12 @@ def run() -> None:
   options.with_overrides(DECODE, overrides)  # a bad flag fails before loading
   m.limit_heaps()
   engine = Engine(m.load(overrides), n_best=f.n_best, programs=m.program_dir(),
-                  concurrent_batches=m.concurrent_batches)
+                  concurrent_batches=m.concurrent_batches, prefix_programs=True)
   rows = engine.decode.tokens_per_batch if f.precompile_rows is None else f.precompile_rows
-  warm = lambda: engine.precompile(rows, f.precompile_length, scoring=True)
+
+  def warm() -> None:  # then nothing compiles while serving (Engine.seal)
+    engine.precompile(rows, f.precompile_length, scoring=True, kept_only=False)
+    engine.seal()
   server = make_app(engine, limits, api_key=api_key, max_wait_ms=f.max_wait_ms,
                     mix_requests=f.batch_across_requests,
                     batches_in_flight=f.batches_in_flight, warm=warm,

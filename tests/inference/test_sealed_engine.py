@@ -58,6 +58,9 @@ def test_no_request_compiles_once_sealed(sealed):
   assert response.status_code == 200, response.text
   assert COMPILES.count == before
   assert engine.lines_split > 0 and engine.sentences_cut > 0  # 12 x 7 words, no sentence end
+  metrics = client.get('/metrics').text
+  assert f'nmt_sentences_cut {float(engine.sentences_cut)}' in metrics
+  assert 'nmt_memory_maps{of="used"}' in metrics and 'nmt_memory_maps{of="limit"}' in metrics
 
 
 def test_what_was_not_prepared_is_a_422_naming_the_limit(sealed):

@@ -259,8 +259,10 @@ class Engine:
     grid = data_lib.length_grid(1, d.max_input_len, d.length_growth)
     lengths = [n for n in grid if n <= max(max_length, grid[0])]
     sizes = [n for n in batch_sizes(d.tokens_per_batch)
-             if batches.START_ROWS <= n <= max(max_rows, 1)]
+             if batches.START_ROWS <= n <= max_rows]
     shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
+    if not shapes:
+      return 0
     extra = {'every_stage': True} if d.compact else {}
     # a translation's longest output, EOS included (hypotheses score it with its source)
     longest = max(lengths[-1], output_length(lengths[-1], d.max_extra_len, d.max_len,

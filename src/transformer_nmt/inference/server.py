@@ -50,6 +50,7 @@ from transformer_nmt.inference.api import (
 )
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.page import PAGE
+from transformer_nmt.inference.programs import Unprepared
 from transformer_nmt.inference.scheduler import DeadlineExceeded, QueueFull, Scheduler
 from transformer_nmt.inference.server_metrics import Metrics
 
@@ -133,6 +134,8 @@ class _Service:
       response = await work()
     except ApiError as e:
       response = self.error_response(e)
+    except Unprepared as e:  # a sealed engine's limit (Engine.seal): nothing compiles
+      response = self.error_response(ApiError(422, str(e), 'unprepared'))
     except Exception as e:  # noqa: BLE001 -- one log line and a 500, not a traceback
       logging.error('%s: %s: %s', endpoint, type(e).__name__, ' '.join(str(e).split()))
       response = self.error_response(ApiError(500, f'internal error: {type(e).__name__}',
@@ -214,6 +217,8 @@ class _Service:
             return
           elif isinstance(output.exception(), DeadlineExceeded):
             raise self.late()
+          elif isinstance(output.exception(), Unprepared):
+            raise ApiError(422, str(output.exception()), 'unprepared')
           else:
             raise output.exception()
       except ApiError as e:
@@ -303,6 +308,7 @@ class _Service:
       raise ApiError(422, f'prefix has {len(prefixes)} entries and text {len(body.text)}: '
                      'give one per sentence', 'invalid')
     self.checked(prefixes, 'prefix')
+    self.engine.check_prepared(prefixes=prefixes)  # before queueing: it fails alone
     if body.n_best > self.engine.n_best:
       raise ApiError(422, f'n_best={shown(body.n_best)} is over the '
                      f'n_best={self.engine.n_best} this server was started with (serve.py '
@@ -329,8 +335,9 @@ class _Service:
     if len(body.source) != len(body.target):
       raise ApiError(422, f'source has {len(body.source)} sentences and target '
                      f'{len(body.target)}: they must pair up', 'invalid')
-    found = await self.run(request, self.items('score', body.source,
-                                                list(zip(body.source, body.target))))
+    pairs = list(zip(body.source, body.target))
+    self.engine.check_prepared(pairs=pairs)  # before queueing: it fails alone
+    found = await self.run(request, self.items('score', body.source, pairs))
     scores = [{'logprob': h.logprob, 'score': h.score} for _, h in found]
     return JSONResponse({'scores': scores, 'model': self.model_info})
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import jax
 import prometheus_client as prom
 
+from transformer_nmt.inference import heap
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.scheduler import Scheduler
 
@@ -44,6 +45,17 @@ class Metrics:
                           '(flat once warm: a rise means a request waited for a compile)',
                           registry=r)
     compiled.set_function(lambda: _compiles.count)
+    maps = prom.Gauge('nmt_memory_maps', 'Memory maps the process holds, and the most Linux '
+                      'allows it (vm.max_map_count): each compiled program holds a few hundred',
+                      ['of'], registry=r)
+    maps.labels('used').set_function(lambda: (heap.memory_maps() or (0, 0))[0])
+    maps.labels('limit').set_function(lambda: (heap.memory_maps() or (0, 0))[1])
+    split = prom.Gauge('nmt_lines_split', 'Lines translated in pieces split at sentence ends '
+                       '(longer than decode.split_len)', registry=r)
+    split.set_function(lambda: engine.lines_split)
+    cut = prom.Gauge('nmt_sentences_cut', 'Sentences longer than the longest prepared source, '
+                     'translated in pieces cut mid-sentence', registry=r)
+    cut.set_function(lambda: engine.sentences_cut)
     paused = prom.Gauge('nmt_gc_seconds', 'Seconds the garbage collector ran, by generation '
                         '(threads that need the GIL wait meanwhile: the event loop, the Python '
                         'between programs)', ['generation'], registry=r)
