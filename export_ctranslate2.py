@@ -11,6 +11,7 @@ import sys
 from absl import app, flags
 
 from transformer_nmt.cli import fail, flag_parser, main_running
+from transformer_nmt.export import QUANTIZATIONS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
@@ -18,9 +19,9 @@ _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 mo
 _CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
 _AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints.')
 _BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
-_QUANTIZATION = flags.DEFINE_enum('quantization', None, ['int8', 'int8_float32', 'int16',
-                                                         'float16', 'bfloat16'],
-                                  'Weight type in the export (default: float32).')
+_QUANTIZATION = flags.DEFINE_enum('quantization', None, list(QUANTIZATIONS),
+                                  'Weight type in the export (default: float32); bfloat16 '
+                                  'needs torch.')
 
 
 def run() -> None:
@@ -30,8 +31,9 @@ def run() -> None:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
 
-  from transformer_nmt.export import export
+  from transformer_nmt.export import check_quantization, export
   from transformer_nmt.inference import load_workdir
+  check_quantization(_QUANTIZATION.value)  # before the model loads
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):
     fail(f'--out={out} exists and is not empty; choose a new directory')

@@ -8,6 +8,7 @@ models trained here on a few lines and a vocab.json arranged as Marian's: '</s>'
 
 import io
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -335,3 +336,181 @@ def test_train_py_fine_tunes_the_imported_model_with_its_tokenizers(workdir, par
   moved = np.abs(after['encoder_layers_0']['ffn']['wi']['kernel']
                  - before['encoder_layers_0']['ffn']['wi']['kernel']).max()
   assert 0 < moved < 0.05
+
+
+def test_piece_table_decoding_matches_marian_tokenizer(marian_dir, loaded):
+  """Text of ids as transformers' MarianTokenizer gives it with skip_special_tokens: '<unk>'
+  dropped (SentencePiece alone writes ' ⁇ '), the other language's pieces spaced alike."""
+  hf = transformers.MarianTokenizer(str(marian_dir / 'source.spm'),
+                                    str(marian_dir / 'target.spm'), str(marian_dir / 'vocab.json'))
+  tok = loaded.tgt_tok
+  rng = np.random.default_rng(0)
+  rows = []
+  for _ in range(60):
+    row = rng.integers(2, tok.vocab_size - 1, size=int(rng.integers(1, 12))).tolist()
+    for _ in range(int(rng.integers(0, 3))):
+      row.insert(int(rng.integers(0, len(row) + 1)), tok.unk_id)
+    rows.append(row + [tok.eos_id])
+  assert sum(tok.unk_id in row for row in rows) > 20
+  assert tok.decode(rows) == [hf.decode(row, skip_special_tokens=True) for row in rows]
+  assert not any('⁇' in text for text in tok.decode(rows))
+
+
+def _weights(hf_model, directory: pathlib.Path, form: str, dtype: str, learned: bool) -> None:
+  """The model's tensors, stored position tables included (older checkpoints keep them), as
+  `form` in `dtype`; `learned`: tables moved off the sinusoids as training would."""
+  torch.manual_seed(1)
+  state = {k: v.to(getattr(torch, dtype)).clone() for k, v in hf_model.state_dict().items()}
+  assert 'model.encoder.embed_positions.weight' in state
+  if learned:
+    for key in ('model.encoder.embed_positions.weight', 'model.decoder.embed_positions.weight'):
+      state[key] += 0.05 * torch.randn_like(state[key])
+  directory.mkdir()
+  if form == 'pytorch_model.bin':
+    torch.save(state, directory / form)
+  else:
+    from safetensors.torch import save_file
+    save_file(state, str(directory / form))
+
+
+@pytest.mark.parametrize('form, dtype', [('pytorch_model.bin', 'float16'),
+                                         ('pytorch_model.bin', 'bfloat16'),
+                                         ('model.safetensors', 'bfloat16')])
+def test_half_precision_weights_with_sinusoid_tables_import(hf_model, loaded, tmp_path, form,
+                                                             dtype):
+  """float16 rounds the stored sinusoids by up to 4.9e-4, bfloat16 by 3.9e-3: accepted as
+  the sinusoids; the same tables moved by training are still refused as learned."""
+  from transformer_nmt.marian import MarianError, convert, read_tensors
+  _weights(hf_model, tmp_path / 'sinusoids', form, dtype, learned=False)
+  params = convert(read_tensors(tmp_path / 'sinusoids'), loaded.cfg)
+  stored = hf_model.model.shared.weight.detach().to(getattr(torch, dtype)).float().numpy()
+  table = params['tgt_embed']['embedding']
+  assert table.dtype == np.float32 and np.array_equal(table, stored)
+  _weights(hf_model, tmp_path / 'learned', form, dtype, learned=True)
+  with pytest.raises(MarianError, match='learned positions are not supported'):
+    convert(read_tensors(tmp_path / 'learned'), loaded.cfg)
+
+
+class _Code:
+  """Unpickled, it would call print: what a pickle that holds code looks like."""
+
+  def __reduce__(self):
+    return print, ('this ran',)
+
+
+@pytest.mark.parametrize('case', ['code', 'garbage'])
+def test_a_pickle_that_is_not_tensors_is_refused_in_our_words(hf_model, tmp_path, case):
+  """torch's refusal (cut to a line) read as advice to turn weights_only off: never given."""
+  from transformer_nmt.marian import MarianError, read_tensors
+  if case == 'code':
+    torch.save({**hf_model.state_dict(), 'extra': _Code()}, tmp_path / 'pytorch_model.bin')
+  else:
+    (tmp_path / 'pytorch_model.bin').write_bytes(b'garbage' * 100)
+  with pytest.raises(MarianError) as refused:
+    read_tensors(tmp_path)
+  message = str(refused.value)
+  assert '\n' not in message and 'weights_only' not in message
+  assert str(tmp_path / 'pytorch_model.bin') in message
+  if case == 'code':
+    assert 'objects other than tensors' in message and 'refused for safety' in message
+    assert 'model.safetensors' in message
+  else:
+    assert 'damaged or not a PyTorch state dict' in message
+
+
+@pytest.mark.parametrize('case', ['parent_is_a_file', 'proc'])
+def test_a_workdir_that_cannot_be_made_is_refused_by_name(marian_dir, tmp_path, case):
+  from transformer_nmt.marian import MarianError, import_checkpoint
+  if case == 'parent_is_a_file':
+    (tmp_path / 'file').write_text('keep me')
+    workdir, says = tmp_path / 'file' / 'run', f'{tmp_path / "file"} is a file'
+  else:
+    workdir, says = pathlib.Path('/proc/run'), 'cannot create it in /proc'
+  with pytest.raises(MarianError) as refused:
+    import_checkpoint(marian_dir, workdir)
+  assert str(refused.value).startswith(f'--workdir={workdir}: ') and says in str(refused.value)
+  if case == 'parent_is_a_file':
+    assert (tmp_path / 'file').read_text() == 'keep me'
+
+
+@pytest.mark.parametrize('when', ['before_writing', 'copying'])
+def test_a_full_disk_is_named_for_the_workdir(marian_dir, tmp_path, monkeypatch, when):
+  """Too little space is refused before writing; ENOSPC while writing (shutil names the file
+  it copies, the user's checkpoint) is reported for the workdir. Nothing is left."""
+  import errno
+
+  from transformer_nmt.marian import MarianError, import_checkpoint
+  if when == 'before_writing':
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, 'disk_usage', lambda path: real(path)._replace(free=10_000))
+  else:
+    def full(source, destination, **_):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(source))
+    monkeypatch.setattr(shutil, 'copyfile', full)
+  workdir = tmp_path / 'out' / 'run'
+  with pytest.raises(MarianError) as refused:
+    import_checkpoint(marian_dir, workdir)
+  message = str(refused.value)
+  assert message.startswith(f'no space left on the disk of --workdir={workdir}: ')
+  assert str(marian_dir) not in message
+  assert ('0.0 MB are free' if when == 'before_writing' else 'filled while writing') in message
+  assert list((tmp_path / 'out').iterdir()) == []
+
+
+# Run as import_marian.py with one event injected while it writes the checkpoint (or, for
+# 'imports', while it imports its libraries): deterministic, where a real signal's timing is not.
+_INJECT = '''
+import errno, os, runpy, signal, sys
+case, source, workdir = sys.argv[1:]
+if case == 'imports':
+  class Stop:
+    def find_spec(self, name, path=None, target=None):
+      if name == 'transformer_nmt':
+        raise KeyboardInterrupt
+  sys.meta_path.insert(0, Stop())
+elif case == 'ENOSPC':  # Orbax's own writes fail in its threads, as on a full disk
+  from orbax.checkpoint._src.path import async_path
+  async def full(path, data):
+    raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+  async_path.write_text = async_path.write_bytes = full
+else:
+  from transformer_nmt.checkpoint import Checkpointer
+  save = Checkpointer.save_params
+  def stopped(self, step, params):
+    os.kill(os.getpid(), getattr(signal, case))
+    save(self, step, params)
+  Checkpointer.save_params = stopped
+sys.argv = ['import_marian.py', '--from', source, '--workdir', workdir]
+runpy.run_path('import_marian.py', run_name='__main__')
+'''
+
+
+@pytest.mark.parametrize('case, code, says', [
+    ('imports', 130, 'error: interrupted'),
+    ('SIGINT', 130, 'error: interrupted; nothing was written to --workdir='),
+    ('SIGTERM', 130, 'error: terminated (SIGTERM); nothing was written to --workdir='),
+    ('ENOSPC', 2, 'error: no space left on the disk of --workdir='),
+    ('SIGKILL', -9, None)])
+def test_a_stop_while_importing_is_one_line_and_leaves_no_partial_workdir(
+    marian_dir, tmp_path, case, code, says):
+  """Each ends in one line without a traceback (or Orbax's logging) and removes the partial
+  workdir; SIGKILL cannot be handled and leaves it, and the next import removes it (its
+  process is gone) but not one whose process lives."""
+  from transformer_nmt.marian import import_checkpoint
+  workdir = tmp_path / 'out' / 'run'
+  result = subprocess.run([sys.executable, '-c', _INJECT, case, str(marian_dir), str(workdir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == code, result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr and '[process=' not in result.stderr, result.stderr
+  left = sorted(p.name for p in (tmp_path / 'out').iterdir()) if workdir.parent.exists() else []
+  if case != 'SIGKILL':
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    assert len(errors) == 1 and says in errors[0], result.stderr[-2000:]
+    assert left == []
+    return
+  assert len(left) == 1 and left[0].startswith('.run.') and left[0].endswith('.partial')
+  host_and_rest = left[0].split('@', 1)[1]
+  living = workdir.parent / f'.run.{os.getpid()}@{host_and_rest}'  # this process: alive
+  living.mkdir()
+  import_checkpoint(marian_dir, workdir)
+  assert sorted(p.name for p in workdir.parent.iterdir()) == [living.name, 'run']

@@ -19,6 +19,10 @@ tokenizer's (the padding piece for a Marian model).
 
 CTranslate2's length penalty divides by length^alpha, not GNMT's ((5 + length) / 6)^alpha, so
 beam search results can differ slightly from ours; greedy search agrees.
+
+Quantizations (QUANTIZATIONS, export_ctranslate2.py --quantization) are CTranslate2's own,
+applied to the weights as exported: int8 and int8_float32 (int8 weights, float32 elsewhere),
+int16, float16 and bfloat16 (converted with torch, which must then be installed).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -38,21 +42,48 @@ from transformer_nmt.errors import ConfigError
 from transformer_nmt.files import current_umask
 from transformer_nmt.model.layers import sinusoidal_positions
 
+QUANTIZATIONS = ('int8', 'int8_float32', 'int16', 'float16', 'bfloat16')
+# The package CTranslate2's converter needs for a quantization, beyond itself and numpy.
+NEEDS = {'bfloat16': 'torch'}
+
+
+def check_quantization(quantization: Optional[str]) -> None:
+  """ConfigError unless `quantization` is None or one of QUANTIZATIONS whose converter's
+  package is installed; called before any work, so that a missing one is a line, not a
+  traceback from inside CTranslate2 after loading the model."""
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise ConfigError(f'--quantization={quantization} is not one of {", ".join(QUANTIZATIONS)}')
+  package = NEEDS.get(quantization)
+  if package is None:
+    return
+  try:
+    __import__(package)
+  except ImportError:
+    raise ConfigError(f'--quantization={quantization} needs {package}, which is not installed '
+                      f'(CTranslate2 converts the weights with it): pip install {package}, or '
+                      'choose another --quantization') from None
+
+
+def _array(x: Any) -> np.ndarray:
+  """A float32 copy that CTranslate2 may change: its int8 and int16 quantizations scale the
+  arrays they are given in place, and ours (views of JAX arrays) are read-only."""
+  return np.array(x, np.float32)
+
 
 def _linear(spec: Any, kernel: np.ndarray, bias: Any = None) -> None:
-  spec.weight = np.ascontiguousarray(np.asarray(kernel, np.float32).T)  # [in, out] -> [out, in]
+  spec.weight = np.ascontiguousarray(_array(kernel).T)  # [in, out] -> [out, in]
   if bias is not None:
-    spec.bias = np.asarray(bias, np.float32)
+    spec.bias = _array(bias)
 
 
 def _norm(spec: Any, p: dict) -> None:
-  spec.gamma, spec.beta = np.asarray(p['scale'], np.float32), np.asarray(p['bias'], np.float32)
+  spec.gamma, spec.beta = _array(p['scale']), _array(p['bias'])
 
 
 def _attention(spec: Any, p: dict, norm: dict, self_attention: bool) -> None:
-  q, k, v = (np.asarray(p[n]['kernel']) for n in ('query', 'key', 'value'))
+  q, k, v = (_array(p[n]['kernel']) for n in ('query', 'key', 'value'))
   biased = 'bias' in p['query']  # model.attention_bias
-  bq, bk, bv = (np.asarray(p[n]['bias']) if biased else None for n in ('query', 'key', 'value'))
+  bq, bk, bv = (_array(p[n]['bias']) if biased else None for n in ('query', 'key', 'value'))
   joined = lambda *bs: np.concatenate(bs) if biased else None  # noqa: E731
   out_bias = p['out'].get('bias')
   if self_attention:
@@ -83,17 +114,18 @@ def build_spec(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Token
       (cfg.encoder_depth, cfg.decoder_depth), cfg.num_heads, pre_norm=cfg.norm_position == 'pre',
       activation=activation)
   spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
-  positions = np.asarray(sinusoidal_positions(jnp.arange(max_positions), cfg.d_model,
-                                              cfg.positional_encoding), np.float32)
-  tgt_table = np.asarray(params['tgt_embed']['embedding'], np.float32)
-  src_table = tgt_table if cfg.share_embeddings else np.asarray(
-      params['src_embed']['embedding'], np.float32)
+  positions = sinusoidal_positions(jnp.arange(max_positions), cfg.d_model,
+                                   cfg.positional_encoding)
+  tgt_table = params['tgt_embed']['embedding']
+  src_table = tgt_table if cfg.share_embeddings else params['src_embed']['embedding']
   enc, dec = spec.encoder, spec.decoder
-  enc.embeddings[0].weight, dec.embeddings.weight = src_table, tgt_table
-  enc.position_encodings.encodings = dec.position_encodings.encodings = positions
-  dec.projection.weight = tgt_table  # [V, D] = the tied pre-softmax projection
+  # Each its own copy: CTranslate2 aliases equal arrays itself, then quantizes them in place.
+  enc.embeddings[0].weight, dec.embeddings.weight = _array(src_table), _array(tgt_table)
+  enc.position_encodings.encodings = _array(positions)
+  dec.position_encodings.encodings = _array(positions)
+  dec.projection.weight = _array(tgt_table)  # [V, D] = the tied pre-softmax projection
   if cfg.final_logits_bias:
-    dec.projection.bias = np.asarray(params['final_logits_bias'], np.float32)
+    dec.projection.bias = _array(params['final_logits_bias'])
   enc.scale_embeddings = dec.scale_embeddings = cfg.scale_embeddings
   for i, layer in enumerate(enc.layer):
     p = params[f'encoder_layers_{i}']
@@ -120,9 +152,10 @@ def export(cfg: ModelConfig, params: Any, src_tok: Tokenizer, tgt_tok: Tokenizer
            out_dir: str | os.PathLike, quantization: str | None = None) -> None:
   """Writes a CTranslate2 model directory (model.bin, vocabularies, config.json).
 
-  `quantization` is one of CTranslate2's weight types (e.g. 'int8', 'bfloat16'); None keeps
-  float32.
+  `quantization` is one of QUANTIZATIONS; None keeps float32. ConfigError for another, or
+  for one whose package is missing (check_quantization).
   """
+  check_quantization(quantization)
   spec = build_spec(cfg, params, src_tok, tgt_tok)
   spec.validate()
   spec.optimize(quantization=quantization)

@@ -100,7 +100,7 @@ class Tokenizer:
     """Subword ids -> detokenised sentences; ids from EOS on are dropped."""
     rows = [_until_eos(row, self.eos_id, self.pad_id) for row in ids]
     if self.table:
-      return [self._sp.decode_pieces(self.pieces(row)) for row in rows]
+      return [self.table.decode(row, self._sp) for row in rows]
     return self._sp.decode(rows)
 
   def pieces(self, ids: Sequence[int]) -> list[str]:
@@ -148,6 +148,13 @@ class PieceTable:
       return [self.index[match.group(1)]] + self.piece_ids(
           sp.encode(line[match.end():], out_type=str))
     return self.piece_ids(sp.encode(line, out_type=str))
+
+  def decode(self, ids: Sequence[int], sp: spm.SentencePieceProcessor) -> str:
+    """Ids (no eos or pad) -> text as transformers' MarianTokenizer gives it with
+    skip_special_tokens: '<unk>' dropped (SentencePiece would write ' ⁇ '), and the word
+    marks of pieces `sp` lacks (the other language's, in a shared table) made spaces."""
+    text = sp.decode_pieces([self.pieces[i] for i in ids if i != self.unk_id])
+    return text.replace('\u2581', ' ').strip()
 
 
 _TAG = re.compile(r'(>>\S+?<<)\s*')
