@@ -19,15 +19,17 @@ this process may mount one: one line, nothing left there, and a rerun elsewhere 
 import os
 import pathlib
 import random
-import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+import common
 import numpy as np
 from absl import app, flags
+
+from transformer_nmt import load_workdir
 
 _ROUNDS = flags.DEFINE_integer('rounds', 20, 'Interruptions.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for the signals and their moments.')
@@ -78,9 +80,7 @@ def interrupt(workdir: pathlib.Path, rng: random.Random) -> dict:
 
 
 def losses(workdir: pathlib.Path) -> list[tuple[int, float]]:
-  from transformer_nmt.metrics import read_metrics
-  from transformer_nmt.workdir import Workdir
-  return [(r['step'], r['train_loss']) for r in read_metrics(Workdir(workdir).metrics)
+  return [(r['step'], r['train_loss']) for r in common.read_metrics(workdir / 'metrics.jsonl')
           if 'train_loss' in r]
 
 
@@ -88,8 +88,7 @@ DAMAGED_LINES = (b'\xff\xfe not utf-8\n', b'null\n', b'{"loss": 1.0}\n')
 
 
 def damage_metrics(workdir: pathlib.Path, rng: random.Random) -> None:
-  from transformer_nmt.workdir import Workdir
-  with open(Workdir(workdir).metrics, 'ab') as f:
+  with open(workdir / 'metrics.jsonl', 'ab') as f:
     f.write(rng.choice(DAMAGED_LINES))
 
 
@@ -159,15 +158,12 @@ ONE_SHOT = {'checkpoints that are a file': checkpoints_file,
 
 
 def final_params(workdir: pathlib.Path):
-  from transformer_nmt.inference import load_workdir
   return load_workdir(workdir).params
 
 
 def main(argv):
   del argv
   import jax
-
-  from transformer_nmt.results import machine
   rng = random.Random(_SEED.value)
   with tempfile.TemporaryDirectory() as tmp:
     reference, faulted = pathlib.Path(tmp) / 'reference', pathlib.Path(tmp) / 'faulted'
@@ -190,17 +186,14 @@ def main(argv):
     equal_losses = all(np.isclose(loss, expected[step], rtol=1e-6) for step, loss in logged)
     same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)),
                                   final_params(faulted), final_params(reference))
-    from transformer_nmt.checkpoint import QUARANTINE
-    from transformer_nmt.workdir import Workdir
-    quarantined = Workdir(faulted).checkpoints / QUARANTINE
+    quarantined = faulted / 'checkpoints' / 'quarantine'  # where unreadable ones are moved
     expected_code = {'SIGKILL': -9, 'SIGTERM': 130, 'SIGINT': 130}
     survived = sum(1 for i, r in enumerate(rounds)
                    if not r['traceback'] and (i == 0 or r['resumed'])
                    and (r['code'] == expected_code[r['signal']] or r['finished']))
     one_shot = {name: case(pathlib.Path(tmp), reference) for name, case in ONE_SHOT.items()}
   counts = {name: sum(r['signal'] == name for r in rounds) for name in SIGNALS}
-  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/faults.py "
-          f"{shlex.join(sys.argv[1:])}`\n\n"
+  text = (f'{common.stamp()}\n\n'
           f"{len(rounds)} interruptions of a {STEPS}-step tiny run (checkpoints every 4 steps, "
           f"evaluations every 8), {counts}: {survived} ended as expected (SIGKILL: killed; "
           f"SIGTERM/SIGINT: exit 130 with a checkpoint) without a traceback, each followed by a "
@@ -214,8 +207,7 @@ def main(argv):
                                                  for name, outcome in one_shot.items()))
   print(text)
   if _MARKDOWN.value:
-    from bench_markdown import write_section
-    write_section(pathlib.Path(_MARKDOWN.value), 'bench/faults.py', text)
+    common.write_section(_MARKDOWN.value, 'bench/faults.py', text)
 
 
 if __name__ == '__main__':

@@ -6,9 +6,8 @@
 
 Steps, each a subprocess with its own time limit, so that a failure or an overrun still leaves
 the others' results; after each, results.json and summary.md in --out are rewritten:
-  environment  jax.print_environment_info(), the devices, and the GPU's own target config
-               (target_config.txtpb: what aot_compile.py's GPU topologies should compile for).
-               First because it takes seconds and everything after it can run out of time.
+  environment  jax.print_environment_info() and the devices. First because it takes seconds
+               and everything after it can run out of time.
   tests        the tests that mean something on a GPU (model, attention masks, cached decoding
                against teacher forcing, beam search, train step, checkpoint round trip), with
                the GPU as JAX's default backend.
@@ -23,8 +22,8 @@ the others' results; after each, results.json and summary.md in --out are rewrit
   seeds        the recipe again with seeds 1 and 2 while time is left (mean and spread).
 
 Files in --out (the device tool returns at most 8): results.json, summary.md,
-target_config.txtpb, environment.txt and one log per step (tests, train_speed, recipe,
-decoding). --smoke runs each step on tiny shapes and a few steps, to test this script.
+environment.txt and one log per step (tests, train_speed, recipe, decoding). --smoke runs each
+step on tiny shapes and a few steps, to test this script.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import subprocess
 import sys
 import time
 
+import common
 from absl import app, flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,15 +53,9 @@ GPU_TESTS = ['tests/model/test_attention.py', 'tests/model/test_model.py',
              'tests/model/test_precision.py', 'tests/decoding/test_beam_search.py',
              'tests/training/test_steps.py', 'tests/test_checkpoint.py']
 ENVIRONMENT_JOB = '''
-import sys, jax
-from transformer_nmt import gpu_target
+import jax
 jax.print_environment_info()
 print('devices:', jax.devices())
-try:
-  gpu_target.write_attached(sys.argv[1])
-  print('target config written')
-except Exception as e:  # noqa: BLE001 -- a CPU has none; the report says why
-  print(f'no target config: {type(e).__name__}: {e}'.splitlines()[0])
 '''
 
 
@@ -132,10 +126,7 @@ def tables(path: pathlib.Path) -> list[str]:
 
 
 def environment(run: Run) -> None:
-  target = run.out / 'target_config.txtpb'
-  run.step('environment', [sys.executable, '-c', ENVIRONMENT_JOB, str(target)], 60,
-           'environment.txt')
-  run.results['environment']['target_config'] = target.exists()
+  run.step('environment', [sys.executable, '-c', ENVIRONMENT_JOB], 60, 'environment.txt')
   run.results['environment']['devices'] = tail(run.out / 'environment.txt', r'^devices:')
 
 
@@ -188,9 +179,8 @@ def recipe(run: Run, seed: int) -> None:
 
 def final_metrics(path: pathlib.Path) -> dict:
   """The last evaluation's figures and the train wall time from a run's metrics.jsonl."""
-  from transformer_nmt.metrics import read_metrics
   figures: dict = {}
-  for row in read_metrics(path):
+  for row in common.read_metrics(path):
     for key in ('step', 'wall_s', 'eval_bleu', 'valid_bleu', 'test_bleu', 'eval_nll'):
       if key in row:
         figures[key] = row[key]
@@ -206,7 +196,8 @@ def decoding(run: Run) -> None:
                                 '--input', source, '--sizes', '10', '--beam_size', '4',
                                 '--ct2_device', 'auto'], 90, 'decoding.log', env=env, reserve=40)
   run.step('decoding speed', [sys.executable, 'bench/decode.py', '--workdir', str(workdir),
-                              '--input', source, '--max_sentences', lines, '--beams', '4',
+                              '--input', source, '--reference', str(MULTI30K / 'test2016.de'),
+                              '--max_sentences', lines, '--beams', '4',
                               '--variants', 'cached,cached bfloat16', '--ctranslate2',
                               '--ct2_device', 'auto', '--ct2_compute_types', 'float16'],
            120, 'decoding.log', env=env, append=True)

@@ -4,7 +4,7 @@ shape), built at random with transformers and saved with save_pretrained; nothin
 downloaded. Prints the wall time of the import and of two decode.py runs of one line (the
 second calls the programs the first stored in WORKDIR/programs).
 
-  python bench/import_marian.py --dir /tmp/opus_bench
+  python bench/import_marian.py --dir /tmp/opus_bench [--markdown bench/RESULTS.md]
 
 Needs torch and transformers (requirements-dev.txt).
 """
@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 
+import common
 from absl import app, flags
 
 _DIR = flags.DEFINE_string('dir', '/tmp/opus_bench', 'Scratch directory (emptied first).')
+_MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the table into this file, '
+                                'replacing its bench/import_marian.py section.')
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 58101
 
@@ -78,14 +81,22 @@ def main(argv: list[str]) -> None:
   checkpoint.mkdir(parents=True)
   count = make_checkpoint(checkpoint)
   size = (checkpoint / 'model.safetensors').stat().st_size
-  print(f'checkpoint: {count / 1e6:.1f}M parameters, model.safetensors {size / 2**20:.0f} MiB')
-  print(f'import_marian.py: {timed([sys.executable, "import_marian.py", "--from", str(checkpoint), "--workdir", str(workdir)]):.1f} s')  # noqa: E501
+  rows = [('import_marian.py', timed([sys.executable, 'import_marian.py', '--from',
+                                      str(checkpoint), '--workdir', str(workdir)]))]
   source = scratch / 'one.en'
   source.write_text('the 3 cats see 4 dogs in the house number 21\n')
   decode = [sys.executable, 'decode.py', '--workdir', str(workdir), '--input', str(source),
             '--output', str(scratch / 'one.de')]
-  print(f'decode.py, first run (compiles, stores programs): {timed(decode):.1f} s')
-  print(f'decode.py, second run (stored programs): {timed(decode):.1f} s')
+  rows.append(('decode.py, one line, first run (compiles and stores its programs)',
+               timed(decode)))
+  rows.append(('decode.py, the same line again (stored programs)', timed(decode)))
+  text = (f'{common.stamp()}\n\nA random MarianMTModel of opus-mt-en-de\'s shape: '
+          f'{count / 1e6:.1f}M parameters, model.safetensors {size / 2**20:.0f} MiB.\n\n'
+          '| step | wall s |\n| --- | ---: |\n'
+          + ''.join(f'| {name} | {seconds:.1f} |\n' for name, seconds in rows))
+  print(text)
+  if _MARKDOWN.value:
+    common.write_section(_MARKDOWN.value, 'bench/import_marian.py', text)
 
 
 if __name__ == '__main__':

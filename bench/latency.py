@@ -26,16 +26,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
+import common
 from absl import app, flags
 
-from transformer_nmt.config import DECODE
+from transformer_nmt import DecodeConfig, load_workdir
 
+DEFAULTS = DecodeConfig()
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences, one per line.', required=True)
 _SIZES = flags.DEFINE_list('sizes', ['1', '10', '100', '1000'], 'Numbers of first lines.')
-_BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'Beam size for both.')
+_BEAM = flags.DEFINE_integer('beam_size', DEFAULTS.beam_size, 'Beam size for both.')
 _DTYPE = flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], "decode.py's --dtype "
                            "(default: the run's model.dtype); CTranslate2 runs in float32.")
 _CHUNK = flags.DEFINE_integer('chunk', None, "decode.py's --chunk (default: the run's "
@@ -53,15 +54,16 @@ _CT2_DEVICE = flags.DEFINE_enum('ct2_device', 'cpu', ['cpu', 'cuda', 'auto'],
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-# The CTranslate2 job: argv = model dir, spm model, input, output, beam, alpha, max extra len,
-# device (cpu, cuda or auto).
+# The CTranslate2 job: argv = model dir, source and target SentencePiece models, input, output,
+# beam, alpha, max extra len, device (cpu, cuda or auto).
 CT2_JOB = '''
 import sys
 import ctranslate2, sentencepiece
-model, spm, source, target, beam, alpha, extra, device = sys.argv[1:]
+model, src_spm, tgt_spm, source, target, beam, alpha, extra, device = sys.argv[1:]
 if device == 'auto':
   device = 'cuda' if ctranslate2.get_cuda_device_count() > 0 else 'cpu'
-sp = sentencepiece.SentencePieceProcessor(model_file=spm)
+sp = sentencepiece.SentencePieceProcessor(model_file=src_spm)
+out = sentencepiece.SentencePieceProcessor(model_file=tgt_spm)
 lines = open(source, encoding='utf-8').read().splitlines()
 pieces = [p + ['</s>'] for p in sp.encode(lines, out_type=str)]
 translator = ctranslate2.Translator(model, device=device,
@@ -70,7 +72,7 @@ results = translator.translate_batch(
     pieces, beam_size=int(beam), length_penalty=float(alpha), max_batch_size=4096,
     batch_type='tokens', max_decoding_length=max(map(len, pieces)) + int(extra))
 with open(target, 'w', encoding='utf-8') as f:
-  f.writelines(sp.decode(r.hypotheses[0]) + '\\n' for r in results)
+  f.writelines(out.decode(r.hypotheses[0]) + '\\n' for r in results)
 '''
 BASELINE_JOB = 'import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()'
 
@@ -126,19 +128,24 @@ def programs(stderr: str) -> str:
   return f'{m[1]} / {m[2]} / {m[3] or 0}' if m else '?'
 
 
+def tokenizer_files(workdir: pathlib.Path) -> tuple[str, str]:
+  """The workdir's (source, target) SentencePiece models: spm.model for a joint vocabulary,
+  else spm.src.model and spm.tgt.model (the workdir layout train.py writes)."""
+  joint = workdir / 'spm.model'
+  if joint.exists():
+    return str(joint), str(joint)
+  return str(workdir / 'spm.src.model'), str(workdir / 'spm.tgt.model')
+
+
 def main(argv):
   del argv
-  from transformer_nmt.data import batching as data_lib
-  from transformer_nmt.export import export
-  from transformer_nmt.inference import load_workdir
-  from transformer_nmt.workdir import Workdir
   workdir = pathlib.Path(_WORKDIR.value)
   model = load_workdir(workdir)
   decode = model.decode
   ct2_dir = tempfile.mkdtemp(prefix='latency_ct2_')
-  export(model.cfg, model.params, model.src_tok, model.tgt_tok, ct2_dir)
-  spm = str(Workdir(workdir).existing_tokenizer_paths()[0])
-  lines = data_lib.read_lines(_INPUT.value)
+  common.export_ctranslate2(workdir, ct2_dir)
+  src_spm, tgt_spm = tokenizer_files(workdir)
+  lines = pathlib.Path(_INPUT.value).read_text(encoding='utf-8').splitlines()
   scratch = pathlib.Path(tempfile.mkdtemp(prefix='latency_io_'))
   baseline = run([sys.executable, '-c', BASELINE_JOB])
   table, scratch_dirs = [], [scratch, pathlib.Path(ct2_dir)]
@@ -155,8 +162,8 @@ def main(argv):
     jobs = [('decode.py, cold workdir', decode_cmd), ('decode.py, stored programs', decode_cmd),
             ('decode.py --noprograms, first', decode_cmd + ['--noprograms']),
             ('decode.py --noprograms, warm compile cache', decode_cmd + ['--noprograms']),
-            ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, spm,
-                                        str(source), str(theirs), str(_BEAM.value),
+            ('CTranslate2 end to end', [sys.executable, '-c', CT2_JOB, ct2_dir, src_spm,
+                                        tgt_spm, str(source), str(theirs), str(_BEAM.value),
                                         str(decode.alpha), str(decode.max_extra_len),
                                         _CT2_DEVICE.value])]
     if seed is not None:  # a copy of the precompiled programs, which the timed run adds to
@@ -189,9 +196,7 @@ def main(argv):
       table.append(f'| {n} | {name} | {r["wall"]:.2f} | {r["cpu"]:.2f} | {r["gb"]:.2f} | '
                    f'{programs(r["stderr"]) if "decode" in name else same} |')
       print(table[-1], flush=True)
-  from transformer_nmt.results import machine
-  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/latency.py "
-          f"{shlex.join(sys.argv[1:])}`\n\nModel {model.cfg.encoder_depth}+"
+  text = (f'{common.stamp()}\n\nModel {model.cfg.encoder_depth}+'
           f'{model.cfg.decoder_depth} layers, d_model {model.cfg.d_model}, checkpoint steps '
           f'{model.steps}; beam {_BEAM.value}, alpha {decode.alpha}, length limit input + '
           f'{decode.max_extra_len}; decode.py computes in {_DTYPE.value or model.cfg.dtype}, '
@@ -206,10 +211,8 @@ def main(argv):
   for directory in scratch_dirs:
     shutil.rmtree(directory, ignore_errors=True)
   if _MARKDOWN.value:
-    from bench_markdown import write_section
-    write_section(pathlib.Path(_MARKDOWN.value), 'bench/latency.py', text)
+    common.write_section(_MARKDOWN.value, 'bench/latency.py', text)
 
 
 if __name__ == '__main__':
-  sys.path.insert(0, str(ROOT / 'bench'))
   app.run(main)

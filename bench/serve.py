@@ -40,6 +40,7 @@ import threading
 import time
 from typing import Optional
 
+import common
 from absl import app, flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -50,8 +51,9 @@ _REFERENCE = flags.DEFINE_string('reference', None, "decode.py's output for --in
                                  'same settings: each answer is compared with its line.')
 _SERVERS = flags.DEFINE_list('servers', ['ours', 'ctranslate2', 'ours_unbatched'],
                              'Servers to load, in turn: ours (serve.py), ctranslate2 (the '
-                             'same server code on CTranslate2), ours_unbatched '
-                             '(serve.py --nobatch_across_requests), ctranslate2_unbatched.')
+                             'same server code on CTranslate2, float32), ctranslate2_int8 (the '
+                             'same in int8), ours_unbatched (serve.py '
+                             '--nobatch_across_requests), ctranslate2_unbatched.')
 _CLIENTS = flags.DEFINE_list('clients', ['1', '8', '64'], 'Concurrent clients per phase.')
 _UNBATCHED_CLIENTS = flags.DEFINE_list('unbatched_clients', ['64'],
                                        'Client counts for the *_unbatched servers.')
@@ -67,6 +69,8 @@ _ROUNDS = flags.DEFINE_integer('rounds', 1, 'Above 1: all servers up at once, th
                                'rounds (see the module docstring).', lower_bound=1)
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Also write the tables into this file, '
                                 'replacing its bench/serve.py section.')
+_SECTION = flags.DEFINE_string('section', '', 'Name suffix of the section to replace (several '
+                               'runs side by side: rounds, one client, the soak).')
 
 
 @dataclasses.dataclass
@@ -104,7 +108,7 @@ class Phase:
 
 
 # The targets' ratios: (server, the server it is measured against)
-PAIRS = (('ours', 'ctranslate2'), ('ours', 'ours_unbatched'),
+PAIRS = (('ours', 'ctranslate2'), ('ours', 'ctranslate2_int8'), ('ours', 'ours_unbatched'),
          ('ctranslate2', 'ctranslate2_unbatched'))
 HEADER = ('| server | phase | requests | failed | sentences/s | p50 ms | p95 ms | p99 ms | '
           'RSS MiB start / peak / end | batch fill | busy | compiled | GC s | '
@@ -211,7 +215,7 @@ def start(server: str, port: int) -> tuple[subprocess.Popen, float]:
   ours = ['serve.py'] + shlex.split(_OURS_FLAGS.value)
   ct2 = ['bench/serve_ctranslate2.py']
   program = {'ours': ours, 'ours_unbatched': ours + ['--nobatch_across_requests'],
-             'ctranslate2': ct2,
+             'ctranslate2': ct2, 'ctranslate2_int8': ct2 + ['--compute_type', 'int8'],
              'ctranslate2_unbatched': ct2 + ['--nobatch_across_requests']}[server]
   t0 = time.monotonic()
   process = subprocess.Popen([sys.executable] + program + common, cwd=ROOT,
@@ -308,11 +312,9 @@ def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -
   the line alone gives the server's answer."""
   if not differing:
     return []
-  from transformer_nmt.inference.engine import Engine
-  from transformer_nmt.inference.loading import load_workdir
-  from transformer_nmt.inference.options import with_overrides
+  from transformer_nmt import Engine, load_workdir  # here: the load generator runs without JAX
   model = load_workdir(_WORKDIR.value)
-  engine = Engine(model, with_overrides(model.decode, {'beam_size': _BEAM.value}))
+  engine = Engine(model, dataclasses.replace(model.decode, beam_size=_BEAM.value).validate())
   index = sorted(differing)
   sources = [lines[i] for i in index]
   ours = engine.score(sources, [differing[i] for i in index])
@@ -369,14 +371,12 @@ def main(argv):
     differing = {i: a for server, phases in found.items() if server.startswith('ours')
                  for p in phases for i, a in p.differing.items()}
     notes += explain(lines, reference, differing)
-  from transformer_nmt.results import machine
-  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}. Command: `python bench/serve.py "
-          f"{shlex.join(sys.argv[1:])}`\n\n{HEADER}\n" + '\n'.join(rows) + '\n\n'
+  text = (f'{common.stamp()}\n\n{HEADER}\n' + '\n'.join(rows) + '\n\n'
           + ''.join(f'- {line}\n' for line in ratios + notes))
   print(text)
   if _MARKDOWN.value:
-    from bench_markdown import write_section
-    write_section(pathlib.Path(_MARKDOWN.value), 'bench/serve.py', text)
+    name = 'bench/serve.py' + (f' {_SECTION.value}' if _SECTION.value else '')
+    common.write_section(_MARKDOWN.value, name, text)
 
 
 if __name__ == '__main__':

@@ -30,12 +30,12 @@ import json
 import os
 import pathlib
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 
+import common
 from absl import app, flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -145,21 +145,28 @@ def run_jax(dtype: str, remat: bool = False) -> dict:
 
   import jax
 
-  from transformer_nmt.config import TrainConfig
-  from transformer_nmt.training.state import create_train_state, learning_rate_fn
-  from transformer_nmt.training.steps import train_step
-  from transformer_nmt.typed_config import model_config_from_dict
+  from transformer_nmt import (
+    TrainState,
+    Transformer,
+    init_params,
+    make_optimizer,
+    model_config_from_dict,
+    rsqrt_warmup,
+    train_step,
+  )
 
   m = model_section()
   m_cfg = {k: v for k, v in m.items() if k != 'vocab_size'}
   m_cfg['dtype'] = dtype
   m_cfg['remat'] = remat or m_cfg.get('remat', False)
   cfg = model_config_from_dict(m_cfg, vocab_size=m['vocab_size'], src_vocab_size=m['vocab_size'])
-  t = TrainConfig()  # the paper's: warmup 4000, Adam 0.9 / 0.98 / 1e-9, no clipping
-  state = create_train_state(cfg, t, jax.random.key(0))
+  schedule = rsqrt_warmup(cfg.d_model, 4000)  # the paper's: eq. 3, warmup 4000
+  state = TrainState.create(apply_fn=Transformer(cfg).apply,  # Adam 0.9 / 0.98 / 1e-9
+                            params=init_params(cfg, jax.random.key(0)),
+                            tx=make_optimizer(schedule))
   batch = jax_batch(m['vocab_size'])
-  step = jax.jit(functools.partial(train_step, label_smoothing=0.1,
-                                   learning_rate_fn=learning_rate_fn(cfg, t)), donate_argnums=0)
+  step = jax.jit(functools.partial(train_step, label_smoothing=0.1, learning_rate_fn=schedule),
+                 donate_argnums=0)
   rng = jax.random.key(1)
   peak_dtype = 'bfloat16' if dtype == 'bfloat16' else 'float32'
   peak_before = peak_matmul_jax(peak_dtype)
@@ -435,10 +442,8 @@ def main(argv: list[str]) -> None:
     r = run_variant(variant)
     if r is not None:
       results[variant] = r
-  command = 'python bench/train.py ' + shlex.join(sys.argv[1:])
-  from transformer_nmt.results import machine
-  text = (f"{time.strftime('%Y-%m-%d')}, {machine()}, "
-          f"{next(iter(results.values()))['device'] if results else '?'}. Command: `{command}`\n\n"
+  device = next(iter(results.values()))['device'] if results else '?'
+  text = (f'{common.stamp(device)}\n\n'
           f"Model: {'+'.join(map(str, depths(m)))} layers, d_model {m['d_model']}, d_ff "
           f"{m['d_ff']}, {m['num_heads']} heads, vocab {m['vocab_size']}, {m['norm_position']}-LN;"
           f" batch {_BATCH.value} x {_LENGTH.value} per side, {real} real tokens "
@@ -449,9 +454,8 @@ def main(argv: list[str]) -> None:
                     if 'profile' in r))
   print(text)
   if _MARKDOWN.value:
-    from bench_markdown import write_section
     name = 'bench/train.py' + (f' {_SECTION.value}' if _SECTION.value else '')
-    write_section(pathlib.Path(_MARKDOWN.value), name, text)
+    common.write_section(_MARKDOWN.value, name, text)
 
 
 if __name__ == '__main__':

@@ -1,8 +1,7 @@
 """Translate padded source batches with a Transformer (one model or an ensemble): greedy or
 beam search over the cached decoder (self-attention K/V cache, cross-attention K/V computed
 once per batch), as one jitted loop (`translate`) or driven from the host with finished
-sentences dropped (`CompactingTranslate`, what the engine runs). The decoder variants that
-only benchmarks measure (no cache, no cross-attention reuse) live in bench/decoders.py.
+sentences dropped (`CompactingTranslate`, what the engine runs).
 """
 
 from __future__ import annotations
@@ -96,8 +95,7 @@ def translate(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
   cache starts at 2 chunks and doubles as needed (decoding.decode_loop). `prefix` [B, P]
   (padded with `spec.pad_id`) gives the tokens each output must start with; the search
   continues after. Output rows hold the tokens, EOS, then `spec.pad_id`. `decoder` replaces
-  the cached one, `cached_decoder` (bench/decoders.py measures others with it). Jit with
-  `cfg`, `spec` and `decoder` bound.
+  the cached one, `cached_decoder`. Jit with `cfg`, `spec` and `decoder` bound.
   `CompactingTranslate` gives the same outputs faster, dropping finished sentences.
   """
   d = spec.decode
