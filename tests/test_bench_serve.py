@@ -1,6 +1,7 @@
 """bench/serve.py end to end on the tiny model: serve.py and the CTranslate2 baseline behind
 the same server code, each started, loaded and stopped; every answer compared with the
-engine's translation of its line."""
+engine's translation of its line. Slow: each test starts servers that compile their
+programs (a minute or more)."""
 
 import dataclasses
 import os
@@ -10,7 +11,9 @@ import sys
 import pytest
 from conftest import ROOT, shared_compile_cache
 
-from transformer_nmt.inference.engine import Engine
+from transformer_nmt import Engine
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_serve_loads_both_servers_and_checks_answers(tiny_workdir, loaded, tmp_path):
