@@ -257,8 +257,7 @@ class Checkpointer:
     name = 'ema' if ema and 'ema' in metadata.keys() else 'params'
     abstract = {name: target(metadata[name])}
     # Only this part of the tree is read (the Adam moments are twice its size): much less
-    # than a whole restore, which was most of decode.py's start for a small model
-    # (bench/RESULTS.md, 'Time to translation').
+    # than a whole restore, which would be most of decode.py's start for a small model.
     reader = ocp.PyTreeCheckpointer()
     try:
       restored = reader.restore(self.directory / str(step) / ITEM, args=ocp.args.PyTreeRestore(

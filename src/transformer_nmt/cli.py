@@ -74,8 +74,7 @@ def _drop_read_only_notices(record: logging.LogRecord) -> bool:
 def use_compile_cache(directory: str, min_free_bytes: int = 2 ** 30) -> None:
   """Keeps compiled XLA programs in `directory` (JAX's persistent compilation cache), so a
   rerun that meets the same shapes loads them instead of compiling again: decoding compiles
-  one search step per batch size and cache length it meets, much of a file's decoding time
-  (bench/RESULTS.md, 'Optimisations tried').
+  one search step per batch size and cache length it meets, much of a file's decoding time.
 
   When JAX_COMPILATION_CACHE_DIR is set, that directory is used instead: one cache for many
   runs (a sweep, a test suite), since a run only finds programs cached under the same path

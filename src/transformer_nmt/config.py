@@ -35,8 +35,7 @@ class ModelConfig:
   num_layers: int = 6  # N, for both encoder and decoder
   # Layers of one stack when it differs from num_layers (0 = num_layers, the paper). Kasai
   # et al. (2021) keep quality with a deep encoder and a shallow decoder, and search faster:
-  # beam search runs the decoder once per output token, the encoder once per input. (On
-  # Multi30k de-en, 6+2 trailed 4+4 at every evaluation to step 2000: docs/RESULTS.md.)
+  # beam search runs the decoder once per output token, the encoder once per input.
   num_encoder_layers: int = 0
   num_decoder_layers: int = 0
   d_model: int = 512
@@ -193,9 +192,9 @@ class DataConfig:
   # arrays in cache_dir ('' = the workdir's data_cache/; a directory shared by runs on the
   # same files works too), keyed by the tokenizers and the training files' path, size and
   # modification time; later starts map it instead of encoding the text again, which at
-  # WMT14's size is a long wait in every start and process (bench/RESULTS.md, 'Host input
-  # pipeline'). False = encode at every start. With source='tfds' the key is the dataset,
-  # its version and files, and each process stores its own share.
+  # WMT14's size is a long wait in every start and process. False = encode at every start.
+  # With source='tfds' the key is the dataset, its version and files, and each process stores
+  # its own share.
   cache: bool = True
   cache_dir: str = ''
   # Training batches built ahead of the step by a background thread (data/prefetch.py); 0 =
@@ -337,7 +336,7 @@ class DecodeConfig:
   # rounded up to multiples of 8 (1.5: 8, 16, 24, 40, 64, ...); compiled programs are per grid
   # length, batch size and cache stage. This grid rather than the training buckets' (1.25 in
   # multiples of 4) compiles fewer programs for Multi30k's valid and test sets, so a run
-  # starts sooner, with identical outputs (bench/RESULTS.md, 'Time to translation').
+  # starts sooner, with identical outputs.
   length_growth: float = 1.5
   # Lines of more source subwords than this (EOS included) are translated in pieces split at
   # sentence ends (inference/long_lines.py): a model trained on shorter lines ends early on
@@ -348,9 +347,8 @@ class DecodeConfig:
   # bounded whatever the input.
   max_input_len: int = 1024
   # Steps between checks for finished sentences (and, with `compact`, between compactions).
-  # On test2016 6 decodes as fast as 4 and compiles fewer programs, so a first run ends
-  # sooner; 8 compiles fewer still but decodes slower (bench/RESULTS.md, 'Time to
-  # translation').
+  # 6 decodes as fast as 4 and compiles fewer programs, so a first run ends sooner; 8 compiles
+  # fewer still but decodes slower.
   chunk: int = 6
   compact: bool = True  # drop finished sentences from a batch every `chunk` steps
   # 'bound': a sentence ends once no live beam can beat its best finished hypothesis
@@ -370,10 +368,9 @@ class DecodeConfig:
   # minimum Bayes risk choice among the beam's beam_size finished hypotheses (decoding/mbr.py).
   mbr: str = 'off'
   # On a CPU: compile the decoding programs without XLA's YNNPACK reductions, whose order of
-  # summation depends on the tensor's shape, so that a sentence's translation and scores do
-  # not depend on the batch it shares (serve.py answers as decode.py does with it too). Off
-  # by default: large batches decode slower with it (bench/RESULTS.md, 'Answers independent
-  # of the batch'). No effect on other backends, or where XLA_FLAGS sets
+  # summation depends on the tensor's shape, so that a sentence's translation and scores do not
+  # depend on the batch it shares (serve.py answers as decode.py does with it too). Off by default:
+  # large batches decode slower with it. No effect on other backends, or where XLA_FLAGS sets
   # xla_cpu_experimental_ynn_fusion_type itself.
   batch_invariant: bool = False
 
@@ -412,7 +409,7 @@ DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
 # The small jobs whose decoding programs `decode.py --precompile` makes besides its input's
 # (Engine.precompile): up to this many sentences of up to this many source subwords, EOS
 # included. 16 x 64 covers every line of Multi30k's test sets; after these programs a short
-# job compiles nothing (their cost and the gain: bench/RESULTS.md, 'Time to translation').
+# job compiles nothing.
 PRECOMPILE_ROWS = 16
 PRECOMPILE_LENGTH = 64
 

@@ -26,7 +26,7 @@ def config_of(props: dict[str, Any], clock_khz: int, memory_clock_khz: int, bus_
   """XLA's GpuTargetConfigProto in text form for a CUDA device, from its cudaDeviceProp
   fields (as cupy.cuda.runtime.getDeviceProperties gives them), clocks, memory bus width,
   and the cuDNN and CUDA runtime versions. jax has no call that returns the target config of
-  an attached GPU, so bench/gpu.py assembles it from the card (for gpu_targets/)."""
+  an attached GPU, so the GPU benchmark script assembles it from the card (for gpu_targets/)."""
   grid = props['maxGridSize']
   fpus = 128 if props['major'] >= 8 else 64  # FP32 lanes per SM: Ampere/Hopper 128, Volta 64
   bandwidth = 2 * memory_clock_khz * 1000 * bus_bits // 8  # double data rate

@@ -99,8 +99,7 @@ def per_shard_tables(params: Any, mesh: Mesh) -> Any:
   """Each embedding table [V, D] as [N, V, D], one copy per batch shard of the mesh (see
   `layers.per_shard`): a shared table's gradient is then reduced across devices once, not
   once per use. The price is one more copy of the table per device among the step's
-  temporaries (transformer-base on a TPU: bench/RESULTS.md, 'TPU programs compiled on this
-  CPU')."""
+  temporaries."""
   n = mesh.size
 
   def expand(path: tuple, x: jax.Array) -> jax.Array:

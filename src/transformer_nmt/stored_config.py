@@ -15,8 +15,8 @@ from transformer_nmt.errors import ConfigError
 from transformer_nmt.typed_config import as_dict, same_kind
 
 # Decoding options that no longer exist: a stored config drops them, so that a workdir
-# written while they existed still reads. decode.source_multiple (2026-11-25) padded the
-# decoder's sources and was withdrawn the same day (bench/RESULTS.md).
+# written while they existed still reads. decode.source_multiple padded the decoder's sources
+# and was withdrawn.
 RETIRED = ('decode.source_multiple',)
 
 # Model options added after workdirs had been written, at the values those workdirs trained

@@ -138,7 +138,7 @@ def encode(src_lines: Sequence[str], tgt_lines: Sequence[str], stats: data_lib.R
            segment: Segmenter = canonical) -> Encoded:
   """Encodes the pairs CHUNK at a time, dropping (and counting) those over max_len tokens:
   Python's id lists exist for one chunk at a time (WMT14's 4.5M pairs at once would take
-  gigabytes: bench/RESULTS.md, 'Host input pipeline')."""
+  gigabytes)."""
   chunks = ((src_lines[start:start + CHUNK], tgt_lines[start:start + CHUNK])
             for start in range(0, len(src_lines), CHUNK))
   return encode_chunks(chunks, dataclasses.replace(stats), src_tok, tgt_tok, max_len, segment)

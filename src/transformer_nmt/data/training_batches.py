@@ -44,7 +44,7 @@ def pack_starts(data: ParallelData, order: np.ndarray, length: int) -> np.ndarra
     raise ValueError(f'example {order[k]} ({src_lengths[k]}/{tgt_lengths[k]} tokens) is longer '
                      f'than the packing length {length}')
   # The greedy scan without a Python step per pair, which made an epoch's plan at WMT14's
-  # size slow (bench/RESULTS.md, 'Host input pipeline'):
+  # size slow:
   # ends[a] is where a row starting at pair a must end (the first pair that no longer fits
   # on either side), and the rows are the chain 0 -> ends[0] -> ..., one step per row.
   sums = [np.concatenate([[0], np.cumsum(n)]) for n in (src_lengths, tgt_lengths)]

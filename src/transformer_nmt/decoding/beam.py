@@ -162,8 +162,8 @@ def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
 
   The best n extensions of a sentence are among the best n of each of its beams, so the
   search ranks K * n candidates instead of K * V, with `topk.top_k` in place of `lax.top_k`:
-  faster than log-softmax and top-k over the whole [B, K * V] (bench/micro.py). Beams
-  `at_limit` offer only EOS.
+  faster than log-softmax and top-k over the whole [B, K * V]. Beams `at_limit` offer only
+  EOS.
   """
   values, token = top_k(logits, n, elementwise_max)
   only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)

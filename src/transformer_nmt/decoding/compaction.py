@@ -98,8 +98,8 @@ def batch_sizes(limit: int, powers_of_two: bool = False) -> list[int]:
 def _on_one_cpu(state: Any) -> bool:
   """Whether the state's arrays all live on the default device, a CPU. XLA:CPU arrays are
   host memory: numpy gathers and grows them without a compiled program (small programs,
-  but many of them in a long run; bench/RESULTS.md, 'Time to translation'). A state
-  sharded over several devices (evaluation during training on a mesh) keeps the programs."""
+  but many of them in a long run). A state sharded over several devices (evaluation during
+  training on a mesh) keeps the programs."""
   default = jax.devices()[0]
   return default.platform == 'cpu' and all(
       x.devices() == {default} for x in jax.tree_util.tree_leaves(state) if hasattr(x, 'devices'))
@@ -137,8 +137,7 @@ class CompactingDecoder:
     # stands for the first cache stage's steps).
     self.rows_per_chunk: list[int] = []
     # The state is donated: each chunk's state takes the buffers of the one before instead
-    # of copying the caches: a lower peak at the same speed (bench/RESULTS.md, 'Time to
-    # translation').
+    # of copying the caches: a lower peak at the same speed.
     self._advance = jit(self._advance_impl, 'advance', static_argnums=(3,),
                         donate_argnums=(1,))
     self._take = jit(take_rows, 'take', static_argnums=(2, 3))

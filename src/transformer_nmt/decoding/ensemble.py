@@ -41,9 +41,8 @@ def kernels_as_computed(cfg: Models, params: Any) -> Any:
   """The parameters with every Dense kernel in its model's compute dtype, as the decoding
   programs take them (Engine.params_as_computed); the same outputs, since a bfloat16 Dense casts
   its float32 kernel at every call (precision.mixed_matmul), so the cast only moves out of the
-  programs: they no longer copy the kernels at every call, which lowered a short job's peak
-  memory (bench/RESULTS.md, 'Time to translation', 'Less memory per batch'). Cast
-  in numpy and put on the device, so that no program compiles for it (a tree of
+  programs: they no longer copy the kernels at every call, which lowers a short job's peak
+  memory. Cast in numpy and put on the device, so that no program compiles for it (a tree of
   ShapeDtypeStructs gets the kernels' new dtype). Parameters with nothing to cast (a float32
   model, kernels already cast) come back as they are. Embeddings, norms and biases stay in
   float32, as the model reads them."""

@@ -52,15 +52,13 @@ def compiler_options(batch_invariant: bool) -> dict[str, str]:
   that depends on how many rows the tensor has: the same sentence gets other last bits in
   another batch, and now and then its beam takes another path. XLA's own reductions sum
   every row alike. YNNPACK keeps the matmuls: their rows do not depend on the batch at beam
-  search's row counts (rows x beam; not at 1 or 2 rows, which greedy batches can have:
-  bench/batch_invariance.py). Nothing changes off CPUs, or when XLA_FLAGS chooses YNNPACK's
-  fusions itself.
+  search's row counts (rows x beam; not at 1 or 2 rows, which greedy batches can have).
+  Nothing changes off CPUs, or when XLA_FLAGS chooses YNNPACK's fusions itself.
 
   The kernels of these programs are emitted by XLA's older CPU emitters
   (`xla_cpu_use_fusion_emitters` off): its newer ones load each kernel as an object of its
-  own, three memory maps each, and a server's few hundred programs then passed the kernel's
-  limit on maps per process (vm.max_map_count, 65530 by default) and crashed while loading
-  (bench/RESULTS.md, 'Halving sums')."""
+  own, three memory maps each, and a server's few hundred programs would pass the kernel's
+  limit on maps per process (vm.max_map_count, 65530 by default) and crash while loading."""
   if (not batch_invariant or jax.default_backend() != 'cpu'
       or _YNN_FUSIONS in os.environ.get('XLA_FLAGS', '')):
     return {}
@@ -193,9 +191,8 @@ class Search:
             prefix: Optional[Prefix] = None) -> Any:
     """The state after the first `steps` (>= 1) steps, jittable. A beam search takes its
     first step on the B sentences alone, since the K beams of each are one until then (the
-    decoder step on B rows instead of B*K, as CTranslate2 begins), which saves a few percent
-    of a beam-4 decoding's row-steps (counted on test2016: bench/RESULTS.md, 'Time to
-    translation')."""
+    decoder step on B rows instead of B*K, as CTranslate2 begins), which saves that step's
+    B*(K-1) rows."""
     if self.init_one is None:
       state = self.init(cache, max_lens, prefix)
     else:
@@ -324,7 +321,7 @@ def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.A
   """argmax, or a sample from softmax(logits / temperature) restricted to the top k
   (`elementwise_max`: see topk.top_k)."""
   if temperature <= 0.0:  # argmax; topk.top_k picks the same (lowest) index on ties and is
-    return topk.top_k(logits, 1, elementwise_max)[1][:, 0]  # faster on XLA CPU (bench/micro.py)
+    return topk.top_k(logits, 1, elementwise_max)[1][:, 0]  # faster on XLA CPU
   logits = logits.astype(jnp.float32) / temperature
   if top_k > 0:
     kth = topk.top_k(logits, top_k, elementwise_max)[0][:, -1:]

@@ -1,7 +1,7 @@
 """Exact top-k over a large last axis in two passes, for decoding's [rows, vocabulary] scores.
 
-XLA CPU's `lax.top_k` walks every element of every row (slow on decoding's scores:
-bench/micro.py, bench/RESULTS.md). The k largest values lie in the k blocks with the largest
+XLA CPU's `lax.top_k` walks every element of every row, which is slow on decoding's scores
+(rows of a whole vocabulary). The k largest values lie in the k blocks with the largest
 block maxima: each of their blocks has a maximum at least as large as the k-th value, and at
 most k blocks can. So a block maximum pass, a top-k over those maxima, and a top-k over the
 k chosen blocks give the exact result while the full pass is a cheap reduction.
@@ -24,8 +24,7 @@ def top_k(x: jax.Array, k: int, elementwise_max: bool = False) -> tuple[jax.Arra
   more than it saves on XLA CPU (a copy of x and a slow strided reduction). With
   `elementwise_max` the block maxima come from elementwise maxima of the blocks' slices
   instead of one reduction: faster when XLA's CPU backend does not hand reductions to
-  YNNPACK (decode.batch_invariant), slower when it does (bench/RESULTS.md, 'Answers
-  independent of the batch').
+  YNNPACK (decode.batch_invariant), slower when it does.
   """
   size = x.shape[-1]
   block = _block_size(size)
@@ -42,7 +41,7 @@ def top_k(x: jax.Array, k: int, elementwise_max: bool = False) -> tuple[jax.Arra
 
 
 def _block_size(size: int) -> int | None:
-  """The divisor of `size` in [16, 64] closest to 32 (fastest measured), or None."""
+  """The divisor of `size` in [16, 64] closest to 32 (the fastest on XLA CPU), or None."""
   divisors = [b for b in range(16, 65) if size % b == 0]
   return min(divisors, key=lambda b: abs(b - 32)) if divisors else None
 

@@ -130,9 +130,9 @@ class CompactingTranslate:
     """Encodes the batch and takes the steps of the first cache stage, 2 chunks
     (Search.begin: a beam search's first step on B rows): (state, max_lens, rows done,
     result), the last two as the decoder's advance program gives them. The first stage's
-    steps thus need no advance program of their own (its step is compiled once, here); no
-    sentence of test2016 ended within the first chunk, where the decoder would otherwise
-    have looked for finished ones (bench/RESULTS.md)."""
+    steps thus need no advance program of their own (its step is compiled once, here); a
+    sentence seldom ends within the first chunk, where the decoder would otherwise have looked
+    for finished ones."""
     first = self.decoder.cache_lengths(length)[0]
     cache = ensemble.start(self.cfg, params, src, src_segments, first)
     given = as_prefix(prefix, self.spec.pad_id)

@@ -13,16 +13,13 @@ from transformer_nmt.data import batching as data_lib
 # Compaction never leaves a batch fewer rows than this. Down to one row: a batch's last
 # unfinished sentences (beam search's bound keeps a few to their length limit) then decode
 # at the cost of their own rows, in the programs that batches of 1, 2 and 4 sentences start
-# with (precompiled too), where a floor of 8 rows made them pay for 8 (bench/RESULTS.md,
-# 'Compaction down to one row').
+# with (precompiled too), where a floor of 8 rows made them pay for 8.
 MIN_ROWS = 1
 # A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...), no fewer than
-# this: a lone sentence padded to 8 rows decodes 1.6x (Multi30k) to 3x (OPUS-MT's 58k
-# vocabulary) slower (bench/RESULTS.md, 'Small jobs: batches of as few rows as they need').
+# this: a lone sentence padded to 8 rows decodes markedly slower than in a row of its own.
 START_ROWS = 1
 # A job that fits one batch is cut into one batch per decoding thread only where each part
-# keeps this many sentences: 4 sentences decoded as 2 + 2 were no faster (bench/RESULTS.md,
-# 'One batch on both cores').
+# keeps this many sentences: 4 sentences decoded as 2 + 2 are no faster than as one batch.
 SPLIT_SENTENCES = 4
 
 
@@ -52,10 +49,10 @@ def split_for_threads(plans: list[data_lib.BatchPlan], lengths: np.ndarray,
                       threads: int) -> list[data_lib.BatchPlan]:
   """A job that fits one batch, cut into up to `threads` batches of neighbouring lengths
   (equal counts of at least SPLIT_SENTENCES), so that that many threads decode it at once:
-  on a CPU one batch's small matrices leave the other core mostly idle (bench/RESULTS.md,
-  'One batch on both cores'). Each part's rows and padded length come from `sizes` and
-  `boundaries`, so its shape is one a larger batch of the job's plan could have. A job of
-  several batches already keeps the threads busy and is returned as it is."""
+  on a CPU one batch's small matrices leave the other core mostly idle. Each part's rows and
+  padded length come from `sizes` and `boundaries`, so its shape is one a larger batch of the
+  job's plan could have. A job of several batches already keeps the threads busy and is
+  returned as it is."""
   count = min(threads, len(plans[0].examples) // SPLIT_SENTENCES) if len(plans) == 1 else 1
   if count < 2:
     return plans

@@ -4,23 +4,20 @@ and the memory maps that compiled programs hold.
 On a CPU a batch's decoder state and its programs' working buffers are host memory. glibc's
 malloc keeps what they free in its heaps, one per thread, and fragmented heaps are not
 shrunk, so a long job's resident memory kept growing with the largest batches it had met.
-`malloc_trim` after a batch returns the free pages: a lower peak on all of test2016, at
-about the same speed. A trim walks every free chunk of every heap, though, and asks the
-kernel to drop each one's pages: once the compiler has run in the process, the heaps hold
-so many that trimming after every batch slowed a server that had compiled its programs at
-start well below one that had loaded them, each trim holding the heaps' locks meanwhile
-(bench/RESULTS.md, 'A freshly compiled server'). So batches trim only once the resident
-memory has grown by `TRIM_AFTER_GROWTH` since the last trim: what a long job's batches
-leave is still returned. Fewer heaps fragment less: with `limit_heaps(2)` the same job, its
-programs stored, peaked lower again at the same speed, but a run that compiles its programs
-took longer, its compiler threads waiting on the two heaps. Measured: bench/RESULTS.md, 'Time
-to translation' ('Less memory per batch' and 'two malloc heaps').
+`malloc_trim` after a batch returns the free pages: a lower peak at about the same speed. A
+trim walks every free chunk of every heap, though, and asks the kernel to drop each one's
+pages: once the compiler has run in the process, the heaps hold so many that trimming after
+every batch slows a server that compiled its programs at start well below one that loaded
+them, each trim holding the heaps' locks meanwhile. So batches trim only once the resident
+memory has grown by `TRIM_AFTER_GROWTH` since the last trim: what a long job's batches leave
+is still returned. Fewer heaps fragment less: with `limit_heaps(2)` a job whose programs are
+stored peaks lower again at the same speed, but a run that compiles its programs takes
+longer, its compiler threads waiting on the two heaps.
 
 XLA's CPU backend loads each kernel of a program as an object of its own, a few memory maps
 each, and a server holds a few hundred programs: serve.py's default warm-up comes near the
 number of maps Linux lets a process have (vm.max_map_count), and an allocation past it
-crashes the process (bench/RESULTS.md, 'Halving sums'). `check_memory_maps` turns that crash
-into a clear error.
+crashes the process. `check_memory_maps` turns that crash into a clear error.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   where = wd.programs if snapshot else None
   steps, params = _restore(directory, where, workdir, checkpoint, average_last, best, ema)
   # On the device once: host arrays would be copied in at every call of a decoding program,
-  # raising a short job's peak memory (bench/RESULTS.md, 'Time to translation').
+  # raising a short job's peak memory.
   params = jax.device_put(params)
   _check_vocab(params, cfg, tgt_tok)
   return LoadedModel(cfg, params, src_tok, tgt_tok, steps, config, decode)
@@ -142,8 +142,7 @@ def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
 def default_dtype(cfg: Models) -> Optional[str]:
   """The compute dtype decoding takes when none is asked for: the run's model.dtype (None),
   except float32 for a bfloat16 model on a CPU without bfloat16 instructions
-  (host_cpu.has_bfloat16), where decoding in float32 was faster (bench/RESULTS.md, 'bfloat16
-  on a CPU without bfloat16 instructions')."""
+  (host_cpu.has_bfloat16), where decoding in float32 is faster."""
   if ('bfloat16' not in ensemble.dtypes(cfg) or jax.default_backend() != 'cpu'
       or host_cpu.has_bfloat16() is not False):
     return None

@@ -1,10 +1,10 @@
 """Compiled decoding programs kept on disk, so that a later run calls them without tracing.
 
 JAX's persistent compilation cache spares a rerun the compiler, but not the Python tracing
-and lowering that compute its key, for each of the programs a beam search meets
-(bench/RESULTS.md, 'Time to translation'). A `ProgramStore` keeps each compiled program's
-executable (jax.experimental.serialize_executable) in a directory, and a `StoredJit` (used
-like `jax.jit`) looks a call's argument shapes up there before it traces anything.
+and lowering that compute its key, for each of the programs a beam search meets. A
+`ProgramStore` keeps each compiled program's executable (jax.experimental.serialize_executable)
+in a directory, and a `StoredJit` (used like `jax.jit`) looks a call's argument shapes up there
+before it traces anything.
 
 A store's programs are only valid for the jax, backend, XLA flags, package code and model and
 search settings they were built with; these form its identity, and its directory is named

@@ -75,7 +75,7 @@ class Scheduler(Generic[In, Out]):
   `mix_requests` off a batch holds one request's sentences only (the requests still take
   turns): serving without batching across requests, to measure what that batching gains.
   `workers` batches run at once, each from a thread of its own: a batch then starts while
-  the one before decodes its last sentences on one core (bench/RESULTS.md, 'Serving')."""
+  the one before decodes its last sentences on one core."""
 
   def __init__(self, run_batch: Callable[[list[In]], Sequence[Out]], *, tokens_per_batch: int,
                count_tokens: Callable[[In], int], max_wait_ms: float,

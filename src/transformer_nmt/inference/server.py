@@ -164,9 +164,8 @@ class _Service:
   async def waited(self, request: fastapi.Request, task: asyncio.Future) -> Any:
     """`task`'s result, unless the request's deadline passes (504) or its client leaves.
     A task waiting on the connection hears the client leave (as Starlette's streamed
-    responses listen): polling `request.is_disconnected()` four times a second was half of
-    the event loop's time holding the GIL under 64 waiting clients (bench/RESULTS.md,
-    'Waiting requests polled for their clients')."""
+    responses listen): polling `request.is_disconnected()` four times a second kept the event
+    loop holding the GIL for much of its time when many clients waited."""
     gone = asyncio.ensure_future(_disconnect(request))
     try:
       done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED,
@@ -362,9 +361,8 @@ def warm_up(warm: Callable[[], None], ready: threading.Event,
   request is in flight before ready). With `freeze`, the objects alive once warm are left out
   of garbage collection from then on (`gc.freeze`): compiling leaves millions of them (traces
   and lowered programs that live as long as the process), and every full collection walked
-  them all while holding the GIL, so that no request moved meanwhile (bench/RESULTS.md,
-  'Garbage collection after warm-up'). The price: a reference cycle among them that becomes
-  garbage later is never freed."""
+  them all while holding the GIL, so that no request moved meanwhile. The price: a reference
+  cycle among them that becomes garbage later is never freed."""
   try:
     warm()
     if freeze:
@@ -392,7 +390,7 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   503 and the /v1 endpoints 503 with Retry-After; then, with `freeze_after_warm`, what it
   left alive is frozen out of garbage collection (warm_up). `api_key` guards everything but
   /health (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
-  request's sentences (no batching across requests: bench/serve.py's comparison).
+  request's sentences (no batching across requests, to measure what that batching gains).
   `batches_in_flight` batches run at once (Scheduler's `workers`). Its connections are
   uvicorn's with `http=connection_protocol(app, ...)`: time limits on request heads, the
   connection limit and half-closed clients.

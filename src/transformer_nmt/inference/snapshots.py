@@ -1,16 +1,15 @@
 """Decode-ready parameter snapshots: what a workdir's checkpoints restore to, as one .npz.
 
-For a small model most of decode.py's start went to its checkpoint: importing Orbax, hashing
-the step's files against its checksums.json (Adam moments included), and reading the weights
-through TensorStore (bench/RESULTS.md, time to translation). A snapshot holds the restored
-parameters (the moving average or the raw ones; the mean when several steps are averaged) as
-plain arrays in WORKDIR/programs/params/, named after the checksums of the checkpoints they
-come from and the sizes and modification times of their files. A retrained or replaced
-checkpoint, or one whose files changed since, never finds an old snapshot; a checkpoint
-without checksums (a save not yet sealed) gets none. The newest three snapshots are kept.
-Each zip member's CRC is checked as it is read, so a damaged snapshot does not load: it is
-then ignored with a warning and the checkpoint restored as usual. Like the stored programs, a
-snapshot never stops a translation: one that cannot be written is skipped with a warning.
+For a small model most of decode.py's start goes to its checkpoint: importing Orbax, hashing the
+step's files against its checksums.json (Adam moments included), and reading the weights through
+TensorStore. A snapshot holds the restored parameters (the moving average or the raw ones; the mean
+when several steps are averaged) as plain arrays in WORKDIR/programs/params/, named after the
+checksums of the checkpoints they come from and the sizes and modification times of their files. A
+retrained or replaced checkpoint, or one whose files changed since, never finds an old snapshot; a
+checkpoint without checksums (a save not yet sealed) gets none. The newest three snapshots are kept.
+Each zip member's CRC is checked as it is read, so a damaged snapshot does not load: it is then
+ignored with a warning and the checkpoint restored as usual. Like the stored programs, a snapshot
+never stops a translation: one that cannot be written is skipped with a warning.
 """
 
 from __future__ import annotations

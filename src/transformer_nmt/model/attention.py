@@ -117,16 +117,14 @@ class KVCache:
   k, v: [B, H, L_max, Dh]; index: [] int32, the next position to write. One query's logits
   and weighted values are then dots over contiguous rows of Dh, a step writes contiguous rows,
   and a beam's gather (below) moves runs of Dh values: on XLA CPU, decoding a server's
-  batches is faster than with keys transposed to [B, H, Dh, L_max] (bench/RESULTS.md, 'Keys
-  laid out as values').
+  batches is faster than with keys transposed to [B, H, Dh, L_max].
 
   A bfloat16 cache holds its values' bit patterns as uint16 (`stored_dtype`; `k` and `v` are
   then bits, read as values by `attention_weights` and `attend`): XLA CPU carries a bfloat16
   array through a decoding loop as a float32 copy (it widens the gathers that reorder the
   beams), so each chunk of steps held every layer's keys and values in float32 as well, at
-  twice their bytes; integers it leaves alone. Same values, same outputs, a lower peak on
-  test2016 (bench/RESULTS.md, 'Time to translation'; measured on a CPU only, and the
-  bitcasts cost nothing elsewhere).
+  twice their bytes; integers it leaves alone. Same values, same outputs, a lower peak memory
+  (the bitcasts cost nothing on other backends).
 
   In beam search on a CPU (`beams` K > 1, rows B = sentences x K; `slots_by_default`) a
   hypothesis' keys and values stay in the row that wrote them: slots [B, L_max] int32 says
@@ -243,9 +241,9 @@ class KVCache:
 
 def slots_by_default() -> bool:
   """Whether beam caches keep slots (KVCache) when not told: on XLA:CPU, where moving every
-  layer's keys and values at every step cost more than gathering them as they are read
-  (bench/RESULTS.md, 'Beam reorder by slots'). A TPU's compiler estimates the opposite for
-  its decoder step, so accelerators move them, and aot.py compiles that program."""
+  layer's keys and values at every step costs more than gathering them as they are read. A TPU's
+  compiler estimates the opposite for its decoder step, so accelerators move them, and aot.py
+  compiles that program."""
   return jax.default_backend() == 'cpu'
 
 

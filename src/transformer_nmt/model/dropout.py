@@ -1,15 +1,12 @@
 """Dropout (§5.4) from 16-bit random draws: one 32-bit threefry word serves two elements.
 
-`jax.random.bernoulli` draws a 32-bit float per element, and threefry, JAX's default
-generator, computes one word per element. On a 2-core CPU the dropout masks of the one-hour
-Multi30k model then took more of a training step's op time than the output projection
-(bench/RESULTS.md, 'Optimisations tried'). Two 16-bit draws per word make half the words; the
-keep probability is then a multiple of 2^-16 (rate 0.1 keeps 58982/65536 = 0.899994; a rate
-below 2^-17 rounds to no dropout), and outputs are scaled by the inverse of that probability,
-so that E[dropout(x)] = x in exact arithmetic. `model.dropout_bits=32` keeps
-`jax.random.bernoulli` (flax's nn.Dropout), whose masks every run before commit 573bac2 of
-2026-11-25 drew (all rows of docs/RESULTS.md before the first one that names
-`model.dropout_bits=16`).
+`jax.random.bernoulli` draws a 32-bit float per element, and threefry, JAX's default generator,
+computes one word per element. On a CPU the dropout masks of a small model then take more of a
+training step's op time than its output projection. Two 16-bit draws per word make half the words;
+the keep probability is then a multiple of 2^-16 (rate 0.1 keeps 58982/65536 = 0.899994; a rate
+below 2^-17 rounds to no dropout), and outputs are scaled by the inverse of that probability, so
+that E[dropout(x)] = x in exact arithmetic. `model.dropout_bits=32` keeps `jax.random.bernoulli`
+(flax's nn.Dropout), whose masks every run before commit 573bac2 drew.
 """
 
 from __future__ import annotations

@@ -4,16 +4,15 @@ checks each against it.
 
 The logits take keys laid out per head, [B, H, S, Dh] (the decoder cache keeps its
 cross-attention keys so, transposed once per batch): each sentence and head is then one small
-matmul, which YNNPACK runs faster than the elementwise form over [B, S, H, Dh] keys (1.8x at
-beam 4, 5x greedy: bench/RESULTS.md, 'Cross-attention keys per head'). In cross-attention
-with beams, G consecutive query rows (the beams of one sentence) share one key and value row,
-so a sentence's G queries are that matmul's rows. The weighted values stay an elementwise multiply
-and a reduction, which fuse into one loop that is faster here than the dot (bench/micro.py);
-reducing a sentence's G rows together reads its values once. G = 1 keeps its own layout for
-them, since the grouped one with a unit G axis runs much slower on XLA CPU (bench/RESULTS.md,
-'Optimisations tried'). Other backends take the same code. With `halving` (the programs of
-decode.batch_invariant) the logits too are a product and a reduction, summed as
-model/sums.py adds.
+matmul, which YNNPACK runs faster than the elementwise form over [B, S, H, Dh] keys, with
+beams and greedy alike. In cross-attention with beams, G consecutive query rows (the beams of
+one sentence) share one key and value row, so a sentence's G queries are that matmul's rows. The
+weighted values stay an elementwise multiply and a reduction, which fuse into one loop that is
+faster on XLA CPU than the dot; reducing a sentence's G rows together reads its values once.
+G = 1 keeps its own layout for them, since the grouped one with a unit G axis runs much slower on
+XLA CPU. Other backends take the same code. With `halving` (the programs of
+decode.batch_invariant) the logits too are a product and a reduction, summed as model/sums.py
+adds.
 
 Dimension legend: N query rows, B key/value rows (N = B * G), S keys, H heads, Dh head dim.
 """

@@ -1,12 +1,11 @@
 """Matmuls for the bfloat16 compute mode: bfloat16 inputs, float32 accumulation, in both the
 forward and the backward pass, with float32 weight gradients.
 
-A plain bfloat16 `dot_general` also rounds its output to bfloat16, and on CPUs with AMX that
-path is slower even than float32, while float32 accumulation is fast (bench/RESULTS.md,
-'Optimisations tried'). With `preferred_element_type=float32` the forward pass is fast,
-but autodiff then hands the transposed matmuls a float32 cotangent, so the backward pass falls
-back to float32 matmuls. `mixed_matmul` fixes that with a custom VJP whose gradient matmuls also
-take bfloat16 inputs and accumulate in float32.
+A plain bfloat16 `dot_general` also rounds its output to bfloat16, and on CPUs with AMX that path is
+slower even than float32, while float32 accumulation is fast. With `preferred_element_type=float32`
+the forward pass is fast, but autodiff then hands the transposed matmuls a float32 cotangent, so the
+backward pass falls back to float32 matmuls. `mixed_matmul` fixes that with a custom VJP whose
+gradient matmuls also take bfloat16 inputs and accumulate in float32.
 
 The float32 weight enters `mixed_matmul` itself and is cast inside, so its gradient leaves the
 matmul in float32: the cross-device sum of a data-parallel gradient (which XLA places right

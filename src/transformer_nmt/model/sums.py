@@ -3,10 +3,10 @@ reductions (decode.batch_invariant, `ModelConfig.halving_sums`).
 
 Without YNNPACK, XLA sums each row in one fixed order, so a sentence's translation does not
 depend on its batch; but it rewrites every reduction over more than 32 elements into
-`reduce-window` loops outside the fusions (its tree-reduction pass), which ran slowly here
-(bench/RESULTS.md, 'Halving sums'). Adding the two halves of the axis
-elementwise until at most 32 elements are left, then reducing those, keeps the order fixed
-(the same for every row, whatever the row count) and leaves XLA nothing to rewrite. Writing the
+`reduce-window` loops outside the fusions (its tree-reduction pass), which are slow. Adding the
+two halves of the axis elementwise until at most 32 elements are left, then reducing those, keeps
+the order fixed (the same for every row, whatever the row count) and leaves XLA nothing to
+rewrite. Writing the
 sum as a reshape and two reductions does not: XLA merges them back into one.
 """
 

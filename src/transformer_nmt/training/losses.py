@@ -26,7 +26,7 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
   # From the logits directly, without materialising log-probabilities [B, T, V]: with
   # lse = logsumexp(logits), -log p(y) = lse - logit_y and the uniform term is lse - mean(logit).
   # The target's logit is a masked sum (its gradient is a fused select, not a scatter), and
-  # `correct` compares it with the maximum instead of a slow argmax (bench/micro.py).
+  # `correct` compares it with the maximum instead of a slower argmax.
   logits = logits.astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
   is_target = jnp.arange(logits.shape[-1]) == targets[..., None]  # [B, T, V]
