@@ -45,25 +45,34 @@ def _spm(lines: list[str], path: pathlib.Path) -> list[str]:
   return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
-@pytest.fixture(scope='module')
-def marian_dir(tmp_path_factory) -> pathlib.Path:
+def build_marian(out: pathlib.Path, share: bool = True, tie: bool = True) -> pathlib.Path:
   """A Marian checkpoint directory: config.json, model.safetensors, source/target.spm,
-  vocab.json."""
-  out = tmp_path_factory.mktemp('marian') / 'opus-mt-tiny'
-  out.mkdir()
+  vocab.json; `share` false: the source's table (both sides' pieces) and target_vocab.json
+  (the target's, smaller) with tokenizer_config.json's separate_vocabs; `tie` false: an
+  output layer of its own."""
+  out.mkdir(parents=True)
   src, tgt = _spm(EN, out / 'source.spm'), _spm(DE, out / 'target.spm')
-  pieces = ['</s>', '<unk>'] + sorted(set(src + tgt) - {'</s>', '<unk>'}) + ['<pad>']
+  special = ['</s>', '<unk>']
+  pieces = special + sorted(set(src + tgt) - set(special)) + ['<pad>']
   (out / 'vocab.json').write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
-  vocab = len(pieces)
+  target = pieces if share else special + sorted(set(tgt) - set(special)) + ['<pad>']
+  if not share:
+    (out / 'target_vocab.json').write_text(json.dumps({p: i for i, p in enumerate(target)}))
+    (out / 'tokenizer_config.json').write_text(json.dumps({'separate_vocabs': True}))
+  pad = len(target) - 1
   torch.manual_seed(0)
   config = transformers.MarianConfig(
-      vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
-      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-      decoder_ffn_dim=32, max_position_embeddings=128, pad_token_id=vocab - 1,
-      decoder_start_token_id=vocab - 1, eos_token_id=0, forced_eos_token_id=0,
-      activation_function='swish', scale_embedding=True)
+      vocab_size=len(pieces), decoder_vocab_size=len(target), d_model=16, encoder_layers=2,
+      decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+      encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128, pad_token_id=pad,
+      decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+      activation_function='swish', scale_embedding=True,
+      share_encoder_decoder_embeddings=share, tie_word_embeddings=tie)
   model = transformers.MarianMTModel(config)
-  _fit(model, out, pieces)  # a random model repeats one token to the length limit
+  if not tie:  # started as the tied table, it fits as fast; the steps then part them
+    with torch.no_grad():
+      model.lm_head.weight.copy_(model.model.decoder.embed_tokens.weight)
+  _fit(model, out, pieces, target, 60 if tie else 200)  # a random model repeats one token
   with torch.no_grad():  # every part of the model shows in the outputs
     model.final_logits_bias.normal_(0.0, 0.1)
   model.save_pretrained(out)
@@ -71,18 +80,25 @@ def marian_dir(tmp_path_factory) -> pathlib.Path:
   return out
 
 
-def _fit(model, directory: pathlib.Path, pieces: list[str], steps: int = 60) -> None:
+@pytest.fixture(scope='module')
+def marian_dir(tmp_path_factory) -> pathlib.Path:
+  """The older OPUS-MT's layout: one vocabulary, one shared and tied table."""
+  return build_marian(tmp_path_factory.mktemp('marian') / 'opus-mt-tiny')
+
+
+def _fit(model, directory: pathlib.Path, pieces: list[str], target: list[str],
+         steps: int = 60) -> None:
   """A few Adam steps of `model` on EN -> DE (seconds), so that its outputs end."""
   import sentencepiece as spm
-  index = {p: i for i, p in enumerate(pieces)}
-  pad = len(pieces) - 1
 
-  def ids(name: str, lines: list[str], fill: int):
+  def ids(name: str, lines: list[str], table: list[str], fill: int):
+    index = {p: i for i, p in enumerate(table)}
     sp = spm.SentencePieceProcessor(model_file=str(directory / name))
     rows = [[index.get(p, 1) for p in sp.encode(line, out_type=str)] + [0] for line in lines]
     return torch.tensor(_padded([np.array(r) for r in rows], fill)[0])
 
-  src, labels = ids('source.spm', EN, pad), ids('target.spm', DE, -100)
+  pad = len(pieces) - 1
+  src, labels = ids('source.spm', EN, pieces, pad), ids('target.spm', DE, target, -100)
   optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
   model.train()
   for _ in range(steps):
@@ -155,13 +171,19 @@ def test_the_fine_tuning_config_has_the_imported_model(workdir, loaded):
 
 
 def test_logits_match_transformers_on_a_padded_batch(loaded, hf_model):
+  targets = loaded.tgt_tok.encode(['Ich habe 3 Katzen', 'das Haus',
+                                   'ein Mann geht im Park und wir sehen Vögel'])
+  assert_logits_match(loaded, hf_model, _source_rows(loaded), targets + targets[:1])
+
+
+def assert_logits_match(loaded, hf_model, sources: list[np.ndarray],
+                        targets: list[list[int]]) -> None:
+  """Teacher-forced logits [B, T, V] of a padded batch (sources with their EOS, targets
+  without) agree within 1e-4 with transformers', and vary."""
   from transformer_nmt.model.transformer import Transformer
-  pad = loaded.tgt_tok.pad_id
-  src, src_mask = _padded(_source_rows(loaded), pad)
-  targets = [np.array(ids + [0]) for ids in loaded.tgt_tok.encode(
-      ['Ich habe 3 Katzen', 'das Haus', 'ein Mann geht im Park und wir sehen Vögel'])]
-  targets.append(targets[0])
-  tgt_in, tgt_mask = _padded([np.concatenate([[pad], t[:-1]]) for t in targets], pad)
+  tok = loaded.tgt_tok
+  src, src_mask = _padded(sources, loaded.src_tok.pad_id)
+  tgt_in, tgt_mask = _padded([np.array([tok.bos_id] + t) for t in targets], tok.pad_id)
   with torch.no_grad():
     theirs = hf_model(input_ids=torch.tensor(src), attention_mask=torch.tensor(src_mask),
                       decoder_input_ids=torch.tensor(tgt_in),
@@ -290,12 +312,20 @@ def test_unsupported_variants_are_refused_by_name():
               encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=9,
               decoder_start_token_id=9, activation_function='swish')
   assert model_config(base).activation == 'swish'
+  # The newer generation's options are ours: separate tables of their own sizes, an output
+  # layer of its own; tie_word_embeddings false unties a shared table's copies too.
+  for change, shapes in (({'share_encoder_decoder_embeddings': False,
+                           'decoder_vocab_size': 12}, (False, True, 10, 12)),
+                         ({'share_encoder_decoder_embeddings': False,
+                           'tie_word_embeddings': False}, (False, False, 10, 10)),
+                         ({'tie_word_embeddings': False}, (False, False, 10, 10))):
+    cfg = model_config({**base, **change})
+    assert (cfg.share_embeddings, cfg.tie_output, cfg.src_vocab, cfg.vocab_size) == shapes
   for change, says in (({'normalize_before': True}, 'normalize_before=True'),
                        ({'normalize_embedding': True}, 'normalize_embedding=True'),
                        ({'activation_function': 'gelu_new'}, "activation_function='gelu_new'"),
-                       ({'decoder_vocab_size': 12}, 'decoder_vocab_size=12'),
-                       ({'share_encoder_decoder_embeddings': False},
-                        'share_encoder_decoder_embeddings=False'),
+                       ({'decoder_vocab_size': 12}, 'decoder_vocab_size=12 differs'),
+                       ({'tie_word_embeddings': 'no'}, "tie_word_embeddings='no'"),
                        ({'decoder_ffn_dim': 32}, 'encoder_ffn_dim=16 differs')):
     with pytest.raises(MarianError, match=says.replace('(', r'\(').replace(')', r'\)')):
       model_config({**base, **change})

@@ -10,62 +10,48 @@ as [sin | cos] halves at the paper's rates, LayerNorm epsilon 1e-5, and the piec
 (eos 0, pad last, the decoder starting from pad). What it uses and we lack is refused in one
 line naming it (MarianError), never converted into another model.
 
-The workdir gets config.json, spm.src.model, spm.tgt.model, vocab.json and one checkpoint of
-the parameters alone (step 0), so that decode.py, the Engine, export_ctranslate2.py and
-train.init_from read it as a trained run. It is written beside its final name, as a hidden
-.NAME.PID@HOST.XXXXXXXX.partial directory, and renamed when complete. A refusal or an error
-(a full disk) removes it. Ctrl-C and SIGTERM (in the main thread) stop the import at the next
-point where it can stop cleanly (Orbax's save finished) and remove it too, raising Stopped; a
-second Ctrl-C stops at once. What no handler sees (SIGKILL, a power cut) or that second
-Ctrl-C can leave it; the next import into the same workdir removes it once the process
-named in it is gone from this host.
+The newer generation (OPUS-MT 'tc', Tatoeba-Challenge) may give the source and the target
+their own vocabularies (share_encoder_decoder_embeddings false, decoder_vocab_size; vocab.json
+and target_vocab.json with tokenizer_config.json's separate_vocabs) and an output layer of its
+own (tie_word_embeddings false): model.share_embeddings and model.tie_output false here.
+
+The workdir gets config.json, spm.src.model, spm.tgt.model, vocab.json (both sides' tables
+in one file with separate vocabularies: data/tokenizer.py's PieceTable) and one checkpoint of
+the parameters alone (step 0), so that decode.py, the Engine, export_ctranslate2.py,
+export_marian.py and train.init_from read it as a trained run. It is written whole or not
+at all (staging.py: a partial directory renamed when complete; Ctrl-C and SIGTERM stop it
+where it can stop cleanly, Orbax's save finished, raising Stopped).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
 import pathlib
-import pickle
-import re
 import shutil
-import signal
-import socket
-import tempfile
-import threading
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from transformer_nmt import marian_layout as layout
+from transformer_nmt import staging
 from transformer_nmt.config import PROGRAM_SET, ModelConfig, default_config
 from transformer_nmt.data.tokenizer import PieceTable, Tokenizer
 from transformer_nmt.errors import DataError
-from transformer_nmt.files import current_umask
+from transformer_nmt.marian_layout import MarianError, read_tensors  # noqa: F401 -- tests'
+from transformer_nmt.staging import Stopped  # noqa: F401 -- import_marian.py's
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu', 'gelu': 'gelu'}
 # Options of older Marian/BART configs that change the model, with the value that does not.
 UNSUPPORTED = {'normalize_before': False, 'normalize_embedding': False,
                'layernorm_embedding': False, 'add_final_layer_norm': False,
                'add_bias_logits': False, 'static_position_embeddings': True,
-               'share_encoder_decoder_embeddings': True, 'tie_word_embeddings': True,
                'is_encoder_decoder': True}
 FILES = ('source.spm', 'target.spm', 'vocab.json')
-
-
-class MarianError(DataError):
-  """A checkpoint directory that cannot be imported; the message names the file or option."""
-
-
-class Stopped(KeyboardInterrupt):
-  """Ctrl-C or SIGTERM (`signum`) stopped an import; what it had written is removed."""
-
-  def __init__(self, signum: int):
-    super().__init__(signal.Signals(signum).name)
-    self.signum = signum
+TARGET_VOCAB = 'target_vocab.json'  # the target side's table, with separate_vocabs
 
 
 def model_config(hf: Mapping[str, Any], where: str = 'config.json') -> ModelConfig:
@@ -81,10 +67,18 @@ def model_config(hf: Mapping[str, Any], where: str = 'config.json') -> ModelConf
     if hf.get(a) != hf.get(b):
       raise MarianError(f'{where}: {a}={hf.get(a)} differs from {b}={hf.get(b)}; both stacks '
                         'must have the same shape')
+  for key in ('share_encoder_decoder_embeddings', 'tie_word_embeddings'):
+    if not isinstance(hf.get(key, True), bool):
+      raise MarianError(f'{where}: {key}={hf[key]!r} is not true or false')
+  # transformers' MarianMTModel ties all three tables only with both true; with
+  # tie_word_embeddings false even a shared table's encoder and decoder copies are their own.
+  shared = hf.get('share_encoder_decoder_embeddings', True) and hf.get('tie_word_embeddings', True)
   vocab = hf.get('vocab_size')
-  if hf.get('decoder_vocab_size') not in (None, vocab):
+  target_vocab = hf.get('decoder_vocab_size') or vocab
+  if hf.get('share_encoder_decoder_embeddings', True) and target_vocab != vocab:
     raise MarianError(f"{where}: decoder_vocab_size={hf['decoder_vocab_size']} differs from "
-                      f'vocab_size={vocab} (separate vocabularies are not supported)')
+                      f'vocab_size={vocab} with share_encoder_decoder_embeddings true (one '
+                      'table cannot have both sizes)')
   if hf.get('decoder_start_token_id') != hf.get('pad_token_id'):
     raise MarianError(f"{where}: decoder_start_token_id={hf.get('decoder_start_token_id')} is not "
                       f"pad_token_id={hf.get('pad_token_id')} (Marian's decoders start from pad)")
@@ -95,7 +89,8 @@ def model_config(hf: Mapping[str, Any], where: str = 'config.json') -> ModelConf
   try:
     dropout = float(hf.get('dropout', 0.1))
     return ModelConfig(
-        vocab_size=int(vocab), src_vocab_size=int(vocab), d_model=int(hf['d_model']),
+        vocab_size=int(target_vocab), src_vocab_size=int(vocab), share_embeddings=shared,
+        tie_output=bool(hf.get('tie_word_embeddings', True)), d_model=int(hf['d_model']),
         num_layers=int(hf['encoder_layers']), num_decoder_layers=int(hf['decoder_layers']),
         d_ff=int(hf['encoder_ffn_dim']), num_heads=int(hf['encoder_attention_heads']),
         residual_dropout=dropout, embedding_dropout=dropout,
@@ -109,73 +104,11 @@ def model_config(hf: Mapping[str, Any], where: str = 'config.json') -> ModelConf
     raise MarianError(f'{where}: missing or bad value ({type(e).__name__}: {e})') from None
 
 
-def read_tensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
-  """The checkpoint's tensors as numpy arrays of their stored type (float32, float16 or
-  bfloat16), by name: model.safetensors (no torch needed), else pytorch_model.bin when torch
-  is installed (weights_only: tensors only, no unpickled code)."""
-  safetensors_file, torch_file = directory / 'model.safetensors', directory / 'pytorch_model.bin'
-  if safetensors_file.exists():
-    from safetensors import SafetensorError, safe_open
-    try:
-      try:
-        with safe_open(str(safetensors_file), framework='np') as f:
-          tensors = f.get_tensors()
-      except TypeError:  # bfloat16, which numpy lacks: through JAX's arrays
-        with safe_open(str(safetensors_file), framework='flax') as f:
-          tensors = {k: np.asarray(v) for k, v in f.get_tensors().items()}
-    except (SafetensorError, OSError, ValueError) as e:
-      raise MarianError(f'{safetensors_file} is damaged or truncated ({e})') from None
-  elif torch_file.exists():
-    try:
-      import torch
-    except ImportError:
-      raise MarianError(f'{torch_file} needs torch to read (pip install torch), or give the '
-                        'model as model.safetensors') from None
-    try:
-      state = torch.load(str(torch_file), map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-      raise MarianError(_refused_pickle(torch_file, str(e))) from None
-    except Exception as e:  # noqa: BLE001 -- torch raises many kinds for a bad file
-      raise MarianError(f'{torch_file} does not read ({type(e).__name__}: '
-                        f'{str(e).splitlines()[0][:200] if str(e) else ""})') from None
-    if not isinstance(state, dict):
-      raise MarianError(f'{torch_file} holds a {type(state).__name__}, not a state dict of '
-                        'tensors')
-    tensors = {k: _numpy(v) for k, v in state.items() if isinstance(v, torch.Tensor)}
-  else:
-    raise MarianError(f'{directory} has neither model.safetensors nor pytorch_model.bin')
-  return tensors
-
-
-def _numpy(tensor: Any) -> np.ndarray:
-  """A torch tensor as numpy, of the same type (numpy has no bfloat16: ml_dtypes')."""
-  import ml_dtypes
-  import torch
-  if tensor.dtype == torch.bfloat16:
-    return tensor.float().numpy().astype(ml_dtypes.bfloat16)  # exact: widened, then back
-  return tensor.numpy()
-
-
-def _refused_pickle(path: pathlib.Path, error: str) -> str:
-  """Our one line for torch.load's refusal with weights_only: torch's own text tells the
-  reader how to switch that protection off, which a model's importer must never advise."""
-  if 'global' in error.lower():  # torch: 'Unsupported global: GLOBAL module.name ...'
-    return (f'{path} holds Python objects other than tensors, which could run code when '
-            'loaded: refused for safety; give the weights as model.safetensors instead (convert '
-            'the file where you trust its source)')
-  detail = error.split('WeightsUnpickler error:')[-1].strip().splitlines()
-  detail = [line for line in detail if line.strip() and 'weights_only' not in line][:1]
-  return (f'{path} is damaged or not a PyTorch state dict'
-          + (f' ({detail[0].strip()[:200]})' if detail else ''))
-
-
 def convert(tensors: Mapping[str, np.ndarray], cfg: ModelConfig,
             source: str = 'the checkpoint') -> dict:
-  """Marian's tensors as our parameter tree for `cfg` (every shape checked against it).
-
-  Linear weights are [out, in] there and kernels [in, out] here; the one embedding table
-  [V, D] serves source, target and the tied output projection in both.
-  """
+  """Marian's tensors as our parameter tree for `cfg` (every shape checked against it), by
+  marian_layout's names: linear weights are [out, in] there and kernels [in, out] here. The
+  embedding tables: module docstring and `_embeddings`."""
   t = dict(tensors)
 
   def take(name: str) -> np.ndarray:
@@ -183,32 +116,16 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: ModelConfig,
       raise MarianError(f'{source} lacks the tensor {name}')
     return np.asarray(t.pop(name), np.float32)
 
-  def dense(prefix: str) -> dict:
-    return {'kernel': take(f'{prefix}.weight').T, 'bias': take(f'{prefix}.bias')}
-
-  def norm(prefix: str) -> dict:
-    return {'scale': take(f'{prefix}.weight'), 'bias': take(f'{prefix}.bias')}
-
-  def attention(prefix: str) -> dict:
-    return {ours: dense(f'{prefix}.{theirs}') for ours, theirs in
-            (('query', 'q_proj'), ('key', 'k_proj'), ('value', 'v_proj'), ('out', 'out_proj'))}
-
-  params: dict[str, Any] = {'tgt_embed': {'embedding': _one_embedding(t, source)}}
-  for i in range(cfg.encoder_depth):
-    p = f'model.encoder.layers.{i}'
-    params[f'encoder_layers_{i}'] = {
-        'self_attention': attention(f'{p}.self_attn'), 'norms_0': norm(f'{p}.self_attn_layer_norm'),
-        'ffn': {'wi': dense(f'{p}.fc1'), 'wo': dense(f'{p}.fc2')},
-        'norms_1': norm(f'{p}.final_layer_norm')}
-  for i in range(cfg.decoder_depth):
-    p = f'model.decoder.layers.{i}'
-    params[f'decoder_layers_{i}'] = {
-        'self_attention': attention(f'{p}.self_attn'), 'norms_0': norm(f'{p}.self_attn_layer_norm'),
-        'cross_attention': attention(f'{p}.encoder_attn'),
-        'norms_1': norm(f'{p}.encoder_attn_layer_norm'),
-        'ffn': {'wi': dense(f'{p}.fc1'), 'wo': dense(f'{p}.fc2')},
-        'norms_2': norm(f'{p}.final_layer_norm')}
-  params['final_logits_bias'] = take('final_logits_bias').reshape(-1)
+  params: dict[str, Any] = _embeddings(t, cfg, source)
+  for path, prefix, kind in layout.layer_tensors(cfg):
+    node = params
+    for key in path:
+      node = node.setdefault(key, {})
+    if kind == 'dense':
+      node.update(kernel=take(f'{prefix}.weight').T, bias=take(f'{prefix}.bias'))
+    else:
+      node.update(scale=take(f'{prefix}.weight'), bias=take(f'{prefix}.bias'))
+  params['final_logits_bias'] = take(layout.LOGITS_BIAS).reshape(-1)
   _check_positions(t, cfg, source)
   if t:
     raise MarianError(f'{source} has tensors this model does not use, e.g. {sorted(t)[0]} '
@@ -217,17 +134,47 @@ def convert(tensors: Mapping[str, np.ndarray], cfg: ModelConfig,
   return params
 
 
+def _embeddings(t: dict[str, np.ndarray], cfg: ModelConfig, source: str) -> dict:
+  """Our embedding parameters, taken out of `t`. Shared and tied (the older OPUS-MT): one
+  [V, D] table whose copies (encoder, decoder, lm_head) must equal it. Otherwise as
+  transformers' MarianMTModel uses them: the encoder's and the decoder's own tables (the
+  shared one where a checkpoint stores no copy; it is unused beside both), and lm_head as
+  the output layer unless tied to the decoder's table."""
+  if cfg.share_embeddings:
+    return {'tgt_embed': {'embedding': _one_embedding(t, source)}}
+  shared = t.pop(layout.SHARED, None)
+
+  def table(name: str) -> np.ndarray:
+    found = t.pop(name, shared)
+    if found is None:
+      raise MarianError(f'{source} lacks the tensor {name}')
+    return np.asarray(found, np.float32)
+
+  params = {'src_embed': {'embedding': table(layout.ENCODER_EMBED)},
+            'tgt_embed': {'embedding': table(layout.DECODER_EMBED)}}
+  if not cfg.tie_output:
+    if layout.LM_HEAD not in t:
+      raise MarianError(f'{source} lacks the tensor {layout.LM_HEAD} (tie_word_embeddings is '
+                        'false: the output layer is its own)')
+    params['output'] = {'kernel': np.asarray(t.pop(layout.LM_HEAD), np.float32).T}
+  elif layout.LM_HEAD in t:
+    head, tied = t.pop(layout.LM_HEAD), params['tgt_embed']['embedding']
+    if head.shape != tied.shape or not np.array_equal(np.asarray(head, np.float32), tied):
+      raise MarianError(f'{source}: {layout.LM_HEAD} differs from {layout.DECODER_EMBED} '
+                        'although tie_word_embeddings is true')
+  return params
+
+
 def _one_embedding(t: dict[str, np.ndarray], source: str) -> np.ndarray:
   """The shared [V, D] table; its tied copies (encoder, decoder, lm_head) must equal it."""
-  names = ('model.shared.weight', 'model.encoder.embed_tokens.weight',
-           'model.decoder.embed_tokens.weight', 'lm_head.weight')
+  names = (layout.SHARED, layout.ENCODER_EMBED, layout.DECODER_EMBED, layout.LM_HEAD)
   found = [(n, t.pop(n)) for n in names if n in t]
   if not found:
-    raise MarianError(f'{source} lacks the embedding table (model.shared.weight)')
+    raise MarianError(f'{source} lacks the embedding table ({layout.SHARED})')
   for name, table in found[1:]:
     if table.shape != found[0][1].shape or not np.array_equal(table, found[0][1]):
-      raise MarianError(f'{source}: {name} differs from {found[0][0]}: untied embeddings or '
-                        'output layer are not supported')
+      raise MarianError(f'{source}: {name} differs from {found[0][0]} although '
+                        'share_encoder_decoder_embeddings and tie_word_embeddings are true')
   return np.asarray(found[0][1], np.float32)
 
 
@@ -239,7 +186,7 @@ def _check_positions(t: dict[str, np.ndarray], cfg: ModelConfig, source: str) ->
   import ml_dtypes
 
   from transformer_nmt.model.layers import sinusoidal_positions
-  for name in ('model.encoder.embed_positions.weight', 'model.decoder.embed_positions.weight'):
+  for name in layout.POSITIONS:
     if name in t:
       table = t.pop(name)
       try:
@@ -267,24 +214,51 @@ def _check_shapes(params: dict, cfg: ModelConfig, source: str) -> None:
                         f'{None if got is None else got.shape}, config.json says {want.shape}')
 
 
-def check_tokenizers(directory: pathlib.Path, hf: Mapping[str, Any]) -> None:
-  """MarianError unless source.spm, target.spm and vocab.json load and fit config.json."""
-  for name in FILES:
-    if not (directory / name).is_file():
-      raise MarianError(f'{directory} has no {name}')
+def separate_vocabs(directory: pathlib.Path) -> bool:
+  """Whether MarianTokenizer.from_pretrained gives the two sides their own tables (vocab.json
+  the source's, target_vocab.json the target's): tokenizer_config.json's separate_vocabs."""
+  path = directory / 'tokenizer_config.json'
+  if not path.exists():
+    return False
   try:
-    table = PieceTable(directory / 'vocab.json')
-    for name in FILES[:2]:
-      Tokenizer(directory / name, directory / 'vocab.json')
+    separate = json.loads(path.read_text(encoding='utf-8')).get('separate_vocabs', False)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+    raise MarianError(f'cannot read {path}: {e}') from None
+  if not isinstance(separate, bool):
+    raise MarianError(f'{path}: separate_vocabs={separate!r} is not true or false')
+  return separate
+
+
+def check_tokenizers(directory: pathlib.Path, hf: Mapping[str, Any], cfg: ModelConfig) -> bool:
+  """MarianError unless source.spm, target.spm and vocab.json (and target_vocab.json with
+  separate vocabularies) load and fit config.json and `cfg`; whether the vocabularies are
+  separate."""
+  separate = separate_vocabs(directory)
+  names = FILES + ((TARGET_VOCAB,) if separate else ())
+  for name in names:
+    if not (directory / name).is_file():
+      raise MarianError(f'{directory} has no {name}'
+                        + (' (tokenizer_config.json: separate_vocabs)' if name == TARGET_VOCAB
+                           else ''))
+  try:
+    source, target = (PieceTable(directory / name) for name in (names[2], names[-1]))
+    Tokenizer(directory / 'source.spm', directory / names[2])
+    Tokenizer(directory / 'target.spm', directory / names[-1])
   except DataError as e:
     raise MarianError(str(e)) from None
-  vocab = hf.get('vocab_size')
-  for what, ours, theirs in (('pieces', len(table.pieces), vocab),
-                             ("'<pad>' id", table.pad_id, hf.get('pad_token_id')),
-                             ("'</s>' id", table.eos_id, hf.get('eos_token_id'))):
+  if not separate and cfg.src_vocab != cfg.vocab_size:
+    raise MarianError(f'{directory / "config.json"}: decoder_vocab_size={cfg.vocab_size} '
+                      f'differs from vocab_size={cfg.src_vocab} but the tokenizer has one '
+                      f'table (vocab.json; no separate_vocabs in tokenizer_config.json)')
+  for table, what, ours, theirs in (
+      (source, 'pieces', len(source.pieces), cfg.src_vocab),
+      (target, 'pieces', len(target.pieces), cfg.vocab_size),
+      (target, "'<pad>' id", target.pad_id, hf.get('pad_token_id')),
+      (target, "'</s>' id", target.eos_id, hf.get('eos_token_id'))):
     if ours != theirs:
-      raise MarianError(f'{directory / "vocab.json"} does not match config.json: {ours} {what} '
-                        f'there, {theirs} in config.json')
+      raise MarianError(f'{table.path} does not match config.json: {ours} {what} there, '
+                        f'{theirs} in config.json')
+  return separate
 
 
 def import_checkpoint(directory: str | os.PathLike, workdir: str | os.PathLike) -> ModelConfig:
@@ -292,17 +266,13 @@ def import_checkpoint(directory: str | os.PathLike, workdir: str | os.PathLike) 
   its model config. MarianError (nothing written) when it cannot be imported, `workdir`
   exists and is not empty or cannot be made, or its disk is too full; Stopped (nothing
   written) on Ctrl-C or SIGTERM."""
-  with _stops() as stop_here:
+  with staging.stops() as stop_here:
     return _import(pathlib.Path(directory), pathlib.Path(workdir), stop_here)
 
 
 def _import(directory: pathlib.Path, out: pathlib.Path, stop_here: Callable[[], None]
             ) -> ModelConfig:
-  try:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-      raise MarianError(f'--workdir={out} exists and is not empty; choose a new directory')
-  except OSError as e:
-    raise MarianError(f'--workdir={out}: cannot look into it ({e.strerror})') from None
+  staging.check_empty(out, '--workdir', MarianError)
   config_file = directory / 'config.json'
   try:
     hf = json.loads(config_file.read_text(encoding='utf-8'))
@@ -311,129 +281,24 @@ def _import(directory: pathlib.Path, out: pathlib.Path, stop_here: Callable[[], 
   if not isinstance(hf, dict):
     raise MarianError(f'{config_file} is not a JSON object')
   cfg = model_config(hf, str(config_file))
-  check_tokenizers(directory, hf)
+  separate = check_tokenizers(directory, hf, cfg)
   tensors = read_tensors(directory)
   stop_here()
   params = convert(tensors, cfg, str(directory))
   del tensors
   stop_here()
-  needed = (sum((directory / name).stat().st_size for name in FILES) + 2 ** 18  # + metadata
+  names = FILES + ((TARGET_VOCAB,) if separate else ())
+  needed = (sum((directory / name).stat().st_size for name in names) + 2 ** 18  # + metadata
             + int(1.1 * sum(x.nbytes for x in _leaves(params))))
-  partial = _partial_directory(out)
-  try:
-    free = shutil.disk_usage(partial).free
-    if free < needed:  # refused before Orbax's threads fail with a page of logging
-      raise MarianError(_no_space(out, needed, free))
-    _write_workdir(partial, directory, cfg, params, hf, stop_here)
-    os.chmod(partial, 0o777 & ~current_umask())  # mkdtemp makes it private
-    stop_here()  # the last point: a signal after it finds the import complete
-    if out.exists():
-      out.rmdir()  # empty (checked above): rename(2) then puts the workdir in its place
-    os.replace(partial, out)
-  except BaseException as e:
-    shutil.rmtree(partial, ignore_errors=True)
-    # Named for the workdir: shutil's error names the file copied, Orbax's its own temporary.
-    if isinstance(e, Exception) and _is_full_disk(e):
-      raise MarianError(_no_space(out, needed)) from None
-    raise
+  with staging.staged(out, '--workdir', 'the import', needed, MarianError,
+                      stop_here) as partial:
+    _write_workdir(partial, directory, cfg, params, hf, separate, stop_here)
   return cfg
-
-
-@contextlib.contextmanager
-def _stops() -> Iterator[Callable[[], None]]:
-  """SIGINT and SIGTERM only noted while importing; the function yielded raises Stopped at
-  the points where stopping is clean. An exception raised by the handler itself would land
-  wherever Python is: in Orbax's threads' machinery, whose writes then go on into what the
-  cleanup removes, or in a garbage-collection callback, where it is lost. A second Ctrl-C
-  raises KeyboardInterrupt at once. Outside the main thread (no handlers there) nothing is
-  noted."""
-  if threading.current_thread() is not threading.main_thread():
-    yield lambda: None
-    return
-  received: list[int] = []
-
-  def note(signum: int, frame: Any) -> None:
-    del frame
-    if received and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    received.append(signum)
-
-  def stop_here() -> None:
-    if received:
-      raise Stopped(received[0])
-
-  # A signal ignored by whoever started us (a background job's SIGINT) stays ignored.
-  previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
-              if signal.getsignal(s) is not signal.SIG_IGN}
-  try:
-    yield stop_here
-  finally:
-    for s, handler in previous.items():  # None: one not set from Python
-      signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _leaves(tree: Any) -> Iterator[np.ndarray]:
   for value in tree.values():
     yield from _leaves(value) if isinstance(value, dict) else (value,)
-
-
-def _no_space(out: pathlib.Path, needed: int, free: int | None = None) -> str:
-  """The line for a full disk; `free`: measured before writing (unknown once the disk has
-  filled while writing, with what was written since removed)."""
-  return (f'no space left on the disk of --workdir={out}: the import needs about '
-          f'{needed / 1e6:.1f} MB, '
-          + ('the disk filled while writing' if free is None else f'{free / 1e6:.1f} MB are free')
-          + '; free some and run again (nothing was written)')
-
-
-def _is_full_disk(error: BaseException | None) -> bool:
-  """Whether `error` or one it was raised from or during is ENOSPC (or a full quota); Orbax
-  and TensorStore wrap it in their own exceptions, sometimes as text only."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if getattr(error, 'errno', None) in (errno.ENOSPC, errno.EDQUOT) or any(
-        text in str(error) for text in ('No space left on device', 'Disk quota exceeded')):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
-
-
-def _partial_directory(out: pathlib.Path) -> pathlib.Path:
-  """A new empty hidden directory beside `out`, named for this process and host so that a
-  later import can tell whether its writer is gone (module docstring); earlier imports' that
-  are left behind by a killed process are removed first. MarianError if it cannot be made."""
-  host = re.sub(r'[^A-Za-z0-9.-]', '_', socket.gethostname())
-  try:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out, host)
-    return pathlib.Path(tempfile.mkdtemp(prefix=f'.{out.name}.{os.getpid()}@{host}.',
-                                         suffix='.partial', dir=out.parent))
-  except OSError as e:
-    file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if file is not None:
-      raise MarianError(f'--workdir={out}: {file} is a file, not a directory') from None
-    raise MarianError(f'--workdir={out}: cannot create it in {out.parent} ({e.strerror})'
-                      ) from None
-
-
-def _remove_stale_partials(out: pathlib.Path, host: str) -> None:
-  pattern = re.compile(re.escape(f'.{out.name}.') + r'(\d+)@' + re.escape(host)
-                       + r'\.[a-z0-9_]+\.partial')
-  for entry in out.parent.iterdir():
-    match = pattern.fullmatch(entry.name)
-    if match and entry.is_dir() and not _alive(int(match.group(1))):
-      shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)  # signal 0: only whether the process exists
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's
-    pass
-  return True
 
 
 @contextlib.contextmanager
@@ -450,16 +315,21 @@ def _quiet_orbax() -> Iterator[None]:
 
 
 def _write_workdir(root: pathlib.Path, directory: pathlib.Path, cfg: ModelConfig,
-                   params: dict, hf: Mapping[str, Any], stop_here: Callable[[], None]) -> None:
+                   params: dict, hf: Mapping[str, Any], separate: bool,
+                   stop_here: Callable[[], None]) -> None:
   from transformer_nmt.checkpoint import Checkpointer
   from transformer_nmt.typed_config import sections
   from transformer_nmt.workdir import Workdir
   wd = Workdir(root)
   src_path, tgt_path = wd.tokenizer_paths(joint=False)
-  for name, path in (('source.spm', src_path), ('target.spm', tgt_path),
-                     ('vocab.json', wd.piece_table)):
+  for name, path in (('source.spm', src_path), ('target.spm', tgt_path)) + (
+      () if separate else (('vocab.json', wd.piece_table),)):
     shutil.copyfile(directory / name, path)
     stop_here()
+  if separate:  # the workdir has one table file: each side's under its SentencePiece model
+    PieceTable.write_tables(wd.piece_table, [
+        (spm, PieceTable(directory / name).index)
+        for spm, name in ((src_path, 'vocab.json'), (tgt_path, TARGET_VOCAB))])
   src_tok, tgt_tok = Tokenizer(src_path, wd.piece_table), Tokenizer(tgt_path, wd.piece_table)
   config = default_config()
   config.model.update({k: v for k, v in dataclasses.asdict(cfg).items() if k not in PROGRAM_SET})

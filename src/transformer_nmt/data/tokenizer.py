@@ -6,7 +6,10 @@ from the model, never assumed by other modules.
 An imported Marian model (import_marian.py) has a piece table instead: its source and target
 SentencePiece models cut text into pieces, and one shared table (Marian's vocab.json,
 {piece: id}) gives their ids, with eos '</s>', unk '<unk>' and pad '<pad>' wherever the table
-puts them (eos 0 and pad last in OPUS-MT); such a decoder starts from the padding id.
+puts them (eos 0 and pad last in OPUS-MT); such a decoder starts from the padding id. A model with
+separate source and target vocabularies (Marian's vocab.json and target_vocab.json) has one
+table per SentencePiece model in one file, each under the hash of its model (`PieceTable`),
+so that both sides' tokenizers read the workdir's one vocab.json and find their own.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class Tokenizer:
       self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
     except (OSError, RuntimeError) as e:
       raise DataError(f'cannot load SentencePiece model {self.path}: {e}') from None
-    self.table = None if table is None else PieceTable(table)
+    self.table = None if table is None else PieceTable(table, self.path)
     if self.table is None and self._sp.pad_id() < 0:
       raise DataError(f'SentencePiece model {self.path} has no padding id; train it with pad_id=0')
 
@@ -112,16 +115,26 @@ class Tokenizer:
 
 class PieceTable:
   """A JSON file {piece: id} (Marian's vocab.json) whose ids are 0..V-1, each once, with the
-  pieces '</s>' (eos), '<unk>' and '<pad>'. Raises DataError naming the file otherwise."""
+  pieces '</s>' (eos), '<unk>' and '<pad>'. Raises DataError naming the file otherwise.
+
+  Or one such table per SentencePiece model, {key(model): {piece: id}, ...} (separate
+  vocabularies, `write_tables`): then the one of `model` is read.
+  """
 
   SPECIAL = ('</s>', '<unk>', '<pad>')
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike, model: Optional[str | os.PathLike] = None):
     self.path = pathlib.Path(path)
     try:
       table = json.loads(self.path.read_text(encoding='utf-8'))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
       raise DataError(f'cannot read the piece table {self.path}: {e}') from None
+    if isinstance(table, dict) and table and all(isinstance(t, dict) for t in table.values()):
+      key = None if model is None else self.key(model)
+      if key not in table:
+        raise DataError(f'piece table {self.path} has no table for the SentencePiece model '
+                        f'{model} ({key}); it holds {sorted(table)}')
+      table = table[key]
     if not (isinstance(table, dict) and all(
         isinstance(i, int) and not isinstance(i, bool) for i in table.values())):
       raise DataError(f'piece table {self.path} is not a JSON object of piece: id')
@@ -135,6 +148,22 @@ class PieceTable:
     for piece, i in table.items():
       self.pieces[i] = piece
     self.eos_id, self.unk_id, self.pad_id = (table[p] for p in self.SPECIAL)
+
+  @staticmethod
+  def key(model: str | os.PathLike) -> str:
+    """What a table of several names a SentencePiece model by: its file's hash."""
+    return 'sha256:' + hashlib.sha256(pathlib.Path(model).read_bytes()).hexdigest()
+
+  @staticmethod
+  def write_tables(path: str | os.PathLike,
+                   tables: Sequence[tuple[str | os.PathLike, dict[str, int]]]) -> None:
+    """Writes one file of a table {piece: id} per SentencePiece model, [(model, table)]."""
+    keys = [PieceTable.key(model) for model, _ in tables]
+    if len(set(keys)) < len(keys):  # the same model twice: no key could tell the tables apart
+      raise DataError(f'{path}: the SentencePiece models {[str(m) for m, _ in tables]} are one '
+                      'model with several tables')
+    write_atomically(path, json.dumps(dict(zip(keys, (t for _, t in tables))),
+                                      ensure_ascii=False))
 
   def piece_ids(self, pieces: Sequence[str]) -> list[int]:
     """Pieces -> ids; a piece the table lacks is unk (as Marian's tokenizer maps it)."""
