@@ -19,7 +19,7 @@ from transformer_nmt.decoding.compaction import (
 from transformer_nmt.decoding.search import greedy
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
-from transformer_nmt.inference.programs import ProgramStore, identity
+from transformer_nmt.inference.programs import ProgramStore, identity, jit_factory
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 7
@@ -158,7 +158,7 @@ def test_a_decoder_whose_programs_are_all_stored_compiles_none(tmp_path):
   search_of = lambda n: beam(spec(beam_size=3, alpha=0.6), n)  # noqa: E731
   start = search_of(length).init(SentenceCache(jnp.arange(num)), limits)
   first = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
-                            jit=ProgramStore(tmp_path, identity(test='all stored')).jit)
+                            jit=_stored_jit(tmp_path))
   expected = first(table, start, limits, length)
   assert first.rows_per_chunk[-1] < num  # it compacted
   compiles = []
@@ -171,6 +171,11 @@ def test_a_decoder_whose_programs_are_all_stored_compiles_none(tmp_path):
   jax.clear_caches()  # as a new process: nothing compiled in memory
   compiles.clear()
   second = CompactingDecoder(search_of, sentence_logits_fn, chunk=chunk, min_rows=1,
-                             jit=ProgramStore(tmp_path, identity(test='all stored')).jit)
+                             jit=_stored_jit(tmp_path))
   np.testing.assert_array_equal(second(table, start, limits, length), expected)
   assert compiles == [] and second._advance.store.loaded > 0
+
+
+def _stored_jit(root):
+  """The decoders' Jit on a program store in `root` (one identity for both decoders)."""
+  return jit_factory(ProgramStore(root, identity(test='all stored')), None)

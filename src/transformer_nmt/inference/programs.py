@@ -257,7 +257,8 @@ class Unprepared(RuntimeError):
   """A call that needs a program no one prepared, once its `StoredJit`s are sealed."""
 
 
-def jit_factory(store: Optional[ProgramStore], sealed: threading.Event) -> Callable[..., StoredJit]:
+def jit_factory(store: Optional[ProgramStore],
+                sealed: Optional[threading.Event]) -> Callable[..., StoredJit]:
   """The decoders' `Jit` (decoding.search.Jit) of an engine: StoredJits on `store` (None:
   programs kept in memory only) that refuse to make a program once `sealed` is set."""
   def jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
