@@ -64,6 +64,7 @@ def _activation_like(shape: tuple[int, ...]) -> bool:
   return LENGTH in shape or any(rows in shape for rows in (ROWS, ROWS // 4, ROWS // 8))
 
 
+@pytest.mark.slow
 def test_data_parallel_reduces_gradients_once_in_float32(data_parallel):
   _, compiled = data_parallel
   found = aot.collectives(compiled.as_text())
@@ -79,6 +80,7 @@ def test_data_parallel_reduces_gradients_once_in_float32(data_parallel):
   assert {shape for _, shape in arrays if len(shape) == 2} == {s for s in params if len(s) == 2}
 
 
+@pytest.mark.slow
 def test_fsdp_splits_state_gathers_weights_and_reduce_scatters_gradients(fsdp_8):
   (program, compiled), (replicated, replicated_compiled) = fsdp_8
   # Parameters and Adam moments: about 1/8 on each of the 8 chips (vectors stay whole).
@@ -107,6 +109,7 @@ def _aot(*flags: str) -> subprocess.CompletedProcess:
                         env=dict(os.environ, JAX_PLATFORMS='cpu'))
 
 
+@pytest.mark.slow
 def test_aot_compile_reports_and_json_parses():
   text = _aot('--topology', 'v5e:2x2', '--batch', '16', '--length', '24', '--top', '3')
   assert text.returncode == 0, text.stderr[-3000:]
@@ -123,6 +126,7 @@ def test_aot_compile_reports_and_json_parses():
   assert 0 < report['step']['xla_estimate']['mfu'] < 1
 
 
+@pytest.mark.slow
 def test_aot_compile_decode_reports_encoder_and_decoder_step():
   result = _aot('--topology', 'v5e:2x2', '--batch', '8', '--length', '16', '--decode',
                 '--json')
@@ -133,6 +137,7 @@ def test_aot_compile_decode_reports_encoder_and_decoder_step():
   assert step['flops'] > 0 and step['memory']['argument'] > 0
 
 
+@pytest.mark.slow
 def test_aot_compile_over_budget_exits_with_one_line():
   result = _aot('--topology', 'v5e:2x2', '--batch', '16', '--length', '24',
                 '--config.model.d_model=8192', '--config.model.d_ff=32768')

@@ -31,6 +31,7 @@ def test_gpu_topology_names_hosts_and_devices():
   assert chip.hbm_bytes > 79 * 2 ** 30 and chip.name == 'NVIDIA H100 80GB'
 
 
+@pytest.mark.slow
 def test_gpu_data_parallel_reduces_float32_gradients_once():
   _, compiled = _compiled('h100:2', False)
   found = aot.collectives(compiled.as_text())
@@ -41,6 +42,7 @@ def test_gpu_data_parallel_reduces_float32_gradients_once():
   assert compiled.memory_analysis().argument_size_in_bytes > 0
 
 
+@pytest.mark.slow
 def test_gpu_fsdp_gathers_weights_in_bfloat16_and_reduce_scatters_float32():
   program, compiled = _compiled('h100:8', True)
   found = aot.collectives(compiled.as_text())
@@ -68,6 +70,7 @@ def test_missing_cuda_plugin_is_one_line(monkeypatch):
     aot.topology_devices('h100:8')
 
 
+@pytest.mark.slow
 def test_aot_compile_gpu_report():
   result = _aot('--topology', 'h100:2', '--batch', '8', '--length', '16')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -81,6 +84,7 @@ def test_aot_compile_gpu_report():
   assert report['memory']['total'] > report['memory']['argument'] > 0
 
 
+@pytest.mark.slow
 def test_aot_compile_gpu_decode():
   result = _aot('--topology', 'h100:2', '--batch', '4', '--length', '12', '--decode', '--json')
   assert result.returncode == 0, result.stderr[-3000:]
@@ -89,6 +93,7 @@ def test_aot_compile_gpu_decode():
   assert step['memory']['argument'] > 0 and encoder['chip'] == 'NVIDIA H100 80GB'
 
 
+@pytest.mark.slow
 def test_aot_compile_refuses_a_model_too_large_for_80_gb():
   result = _aot('--topology', 'h100:2', '--batch', '8', '--length', '16',
                 '--config.model.d_model=16384', '--config.model.d_ff=65536')

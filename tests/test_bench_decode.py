@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT, shared_compile_cache
 
 
+@pytest.mark.slow
 def test_decode_table_has_ctranslate2_float32_and_int8_with_bleu(tiny_workdir, tmp_path):
   pytest.importorskip('ctranslate2')
   data = tiny_workdir / 'demo_data'

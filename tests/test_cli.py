@@ -103,6 +103,7 @@ def test_bad_config_values_fail_cleanly_and_write_nothing(tmp_path, flag, messag
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_data_errors_fail_cleanly(tmp_path):
   (tmp_path / 'a.en').write_text('one\ntwo\n')
   (tmp_path / 'a.de').write_text('eins\n')
@@ -160,6 +161,7 @@ def test_interrupt_saves_a_checkpoint_to_resume_from(tmp_path, signum):
 # Gradient accumulation, the harder case (the data position counts micro-batches); one batch
 # per step is resumed in test_train_end_to_end_then_resume and in bench/faults.py. Weight
 # decay rides along: its optimizer state (optax.adamw's masked chain) must resume exactly too.
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', [['--config.train.global_batch_tokens=1024',
                                       '--config.train.weight_decay=0.1']],
                          ids=['accumulate-2-weight-decay'])
@@ -245,6 +247,7 @@ def test_checkpoints_that_are_a_file_are_refused_before_anything_is_written(tmp_
   assert [p.name for p in workdir.iterdir()] == [place]
 
 
+@pytest.mark.slow
 def test_a_lone_unreadable_checkpoint_is_not_moved(tmp_path):
   workdir = tmp_path / 'run'
   assert run_train(workdir, '--config.train.num_steps=10').returncode == 0
@@ -255,6 +258,7 @@ def test_a_lone_unreadable_checkpoint_is_not_moved(tmp_path):
   assert (workdir / 'checkpoints' / '10').is_dir()  # perhaps the setup is wrong, not the files
 
 
+@pytest.mark.slow
 def test_bad_process_flags_fail_cleanly(tmp_path):
   _assert_clean_failure(run_train(tmp_path / 'run', '--num_processes=2', '--process_id=2'),
                         '--process_id=2 must be in [0, --num_processes=2)')
@@ -262,6 +266,7 @@ def test_bad_process_flags_fail_cleanly(tmp_path):
                         'needs --coordinator_address')
 
 
+@pytest.mark.slow
 def test_a_changed_or_missing_tokenizer_is_refused(tmp_path):
   from transformer_nmt.data.tokenizer import train_tokenizer
   workdir = tmp_path / 'run'
@@ -302,6 +307,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
   assert run_train(workdir, '--config.train.num_steps=40').returncode == 0  # free again
 
 
+@pytest.mark.slow
 def test_unusable_workdirs_and_config_files_fail_in_one_line(tmp_path):
   a_file = tmp_path / 'file'
   a_file.write_text('not a directory')

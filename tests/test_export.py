@@ -27,6 +27,7 @@ def tokenizer(tmp_path_factory):
   return Tokenizer(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('norm, positions, depths', [('pre', 'interleaved', (0, 0)),
                                                      ('post', 'concat', (0, 0)),
                                                      ('pre', 'interleaved', (3, 1))])

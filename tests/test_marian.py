@@ -142,6 +142,7 @@ def _padded(rows: list[np.ndarray], pad: int) -> tuple[np.ndarray, np.ndarray]:
   return ids, (np.arange(width) < np.array([len(r) for r in rows])[:, None]).astype(np.int64)
 
 
+@pytest.mark.slow
 def test_the_workdir_has_the_marian_options_and_piece_table(workdir, loaded):
   cfg = loaded.cfg
   assert (cfg.activation, cfg.attention_bias, cfg.final_logits_bias, cfg.positional_encoding,
@@ -170,6 +171,7 @@ def test_the_fine_tuning_config_has_the_imported_model(workdir, loaded):
   assert _model_config(validate_config(finetune.get_config(str(workdir)))) == loaded.cfg
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_on_a_padded_batch(loaded, hf_model):
   targets = loaded.tgt_tok.encode(['Ich habe 3 Katzen', 'das Haus',
                                    'ein Mann geht im Park und wir sehen Vögel'])
@@ -209,6 +211,7 @@ def _hf_generate(hf_model, rows: list[np.ndarray], pad: int, **settings) -> list
 # ours by GNMT's ((5 + length) / 6)^alpha: with length_penalty 0 and alpha 0 both rank by the
 # log-probability alone, and early_stopping=False stops, as decode.beam_stop='bound' does,
 # once no live beam can beat the finished ones.
+@pytest.mark.slow
 @pytest.mark.parametrize('beam', [1, 4])
 def test_search_outputs_match_transformers_generate(loaded, hf_model, beam):
   from transformer_nmt.inference.engine import Engine
@@ -223,6 +226,7 @@ def test_search_outputs_match_transformers_generate(loaded, hf_model, beam):
   assert len({len(o) for o in ours}) > 1  # outputs of several lengths
 
 
+@pytest.mark.slow
 def test_the_engine_n_best_scores_and_the_server_work_on_the_imported_model(loaded):
   """What decode.py --n_best, scoring and serve.py call: n-best hypotheses scored by forced
   decoding with the piece table's ids, and the HTTP API answering the engine's texts."""
@@ -244,6 +248,7 @@ def test_the_engine_n_best_scores_and_the_server_work_on_the_imported_model(load
   assert [t['text'] for t in body['translations']] == texts
 
 
+@pytest.mark.slow
 def test_ctranslate2_export_of_the_workdir_translates_alike(workdir, loaded, hf_model, tmp_path):
   ctranslate2 = pytest.importorskip('ctranslate2')
   out = tmp_path / 'ct2'

@@ -74,6 +74,7 @@ def _search(loaded, hf_model, beam: int, **generate) -> tuple[list, list]:
   return ours, [row[:row.index(eos)] if eos in row else row for row in theirs]
 
 
+@pytest.mark.slow
 def test_each_variant_imports_with_its_options_and_tables(variant):
   name, directory, workdir, loaded, _ = variant
   share, tie = VARIANTS[name]
@@ -90,6 +91,7 @@ def test_each_variant_imports_with_its_options_and_tables(variant):
       ids + [loaded.tgt_tok.eos_id] for ids in loaded.tgt_tok.encode(DE[:10])]
 
 
+@pytest.mark.slow
 def test_each_variant_gives_transformers_logits_and_outputs(variant):
   """Logits within 1e-4; greedy outputs identical on 10 sentences, beam-4 ones too where
   transformers' beam search finds the likeliest (`_same_or_better`)."""
@@ -132,6 +134,7 @@ def _tensors(directory: pathlib.Path) -> dict:
   return read_tensors(directory)
 
 
+@pytest.mark.slow
 def test_import_then_export_gives_the_original_tensors_and_files(variant, tmp_path,
                                                                  monkeypatch):
   """Every tensor that transformers saved comes back equal, under its name; the tokenizer
@@ -204,6 +207,7 @@ def _our_workdir(root: pathlib.Path, decode: dict | None = None, **options) -> p
   return root
 
 
+@pytest.mark.slow
 def test_a_model_of_ours_goes_to_transformers_with_its_search_settings(tmp_path, monkeypatch):
   """No attention biases, no final logits bias, SentencePiece's own ids (the decoder starting
   from bos): logits within 1e-4, and transformers' generate with only the exported

@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from conftest import ROOT
 
 
@@ -9,6 +10,7 @@ def _python_blocks(text: str) -> list[str]:
   return re.findall(r'```python\n(.*?)```', text, flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_library_example_runs(capsys):
   blocks = _python_blocks((ROOT / 'README.md').read_text())
   assert blocks, 'README has no python example'
@@ -31,6 +33,7 @@ def test_readme_test_command_is_what_ci_runs():
   assert 'python train.py --config configs/demo.py --workdir demo_run' in readme
 
 
+@pytest.mark.slow
 def test_readme_engine_example_runs(tiny_workdir, capsys):
   """The README's second example, on the tiny trained workdir instead of demo_run."""
   block = _python_blocks((ROOT / 'README.md').read_text())[1]

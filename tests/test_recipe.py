@@ -136,6 +136,7 @@ def test_recipe_selects_on_validation_and_appends_rows(tiny_workdir, tmp_path):
   assert loaded and int(loaded[1]) > 0, decoded.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_recipe_rejects_bad_flags(tmp_path):
   result = run_recipe(tmp_path / 'run', tmp_path, '--alphas', '0.6,abc')
   assert result.returncode == 2
@@ -147,6 +148,7 @@ def test_recipe_rejects_bad_flags(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_plot_command_writes_curves_and_attention(tiny_workdir, tmp_path):
   test_src = tiny_workdir / 'demo_data' / 'test.en'
   result = subprocess.run([sys.executable, 'plot.py', '--workdir', str(tiny_workdir),

@@ -55,6 +55,7 @@ print('SAME')
 '''
 
 
+@pytest.mark.slow
 def test_steps_on_8_devices_replicated_or_fsdp_equal_1_device():
   result = subprocess.run([sys.executable, '-c', SAME_STEP_ON_1_AND_8_DEVICES], cwd=ROOT,
                           env=EIGHT_DEVICES, capture_output=True, text=True, timeout=300)

@@ -29,6 +29,7 @@ def _per_example_nll(logits, batch):
   return out
 
 
+@pytest.mark.slow
 def test_packed_loss_equals_unpacked_loss_per_example(tiny_cfg):
   cfg = dataclasses.replace(tiny_cfg, norm_position='pre')
   data = _data([(3, 5), (6, 2), (4, 4)])

@@ -24,6 +24,7 @@ def tfds_config(**data):
   return c
 
 
+@pytest.mark.slow
 def test_train_on_mock_wmt14_de_to_en(tmp_path):
   with tfds.testing.mock_data(num_examples=24):
     trainer.train_and_evaluate(validate_config(tfds_config()), str(tmp_path / 'run'))

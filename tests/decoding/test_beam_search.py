@@ -86,6 +86,7 @@ def test_length_penalty_formula():
   assert float(length_penalty(9, 0.0)) == 1.0
 
 
+@pytest.mark.slow
 def test_early_stopping_matches_full_length_scan():
   for seed in range(4):
     table = random_table(seed, vocab=7)
@@ -99,6 +100,7 @@ def model():
   return cfg, init_params(cfg, jax.random.key(0)), src, (src > 0).astype(jnp.int32)
 
 
+@pytest.mark.slow
 def test_beam_1_equals_greedy(model):
   cfg, params, src, seg = model
   greedy = translate(cfg, params, src, seg, spec(3, beam_size=1, max_extra_len=6))
@@ -109,6 +111,7 @@ def test_beam_1_equals_greedy(model):
   np.testing.assert_array_equal(beam1, greedy)
 
 
+@pytest.mark.slow
 def test_sampling_top_1_is_greedy_and_seeded_sampling_repeats(model):
   cfg, params, src, seg = model
   greedy = translate(cfg, params, src, seg, spec(3, beam_size=1, max_extra_len=6))
@@ -122,6 +125,7 @@ def test_sampling_top_1_is_greedy_and_seeded_sampling_repeats(model):
   assert not np.array_equal(a, c)  # near-uniform random model at temperature 2: seeds differ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('chunk', [1, 3, 8])
 def test_per_row_limits_and_chunking(chunk):
   """Rows with different length limits in one batch give what each gives alone."""
@@ -142,6 +146,7 @@ def test_per_row_limits_and_chunking(chunk):
   assert (np.asarray(beams)[0, 2:] == PAD).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam_size', [1, 3])
 def test_filler_rows_end_at_once(model, beam_size):
   """A row without source tokens (filling a bucket's last batch) yields EOS then padding, so
@@ -163,6 +168,7 @@ def test_cache_stages_double_from_two_chunks():
   assert cache_stages(6, 2) == [4, 6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam_size', [1, 4])
 def test_growing_cache_matches_full_length_cache(model, beam_size):
   """Decoding over caches that grow in stages (4, 8, 24 positions with chunk 2) gives the
@@ -176,6 +182,7 @@ def test_growing_cache_matches_full_length_cache(model, beam_size):
   assert max(lengths) > 8, lengths  # the search went on into the third stage
 
 
+@pytest.mark.slow
 def test_step_ranks_every_extension_of_every_beam():
   """One step against a ranking of all K * V extensions: live beams are the best K non-EOS
   extensions; a row at its length limit finishes with its best EOS extension."""
@@ -201,6 +208,7 @@ def test_step_ranks_every_extension_of_every_beam():
   assert np.asarray(out.finished)[1, 0, t] == EOS
 
 
+@pytest.mark.slow
 def test_k_finished_stop_keeps_the_first_k_finished():
   """With a length penalty that rewards length (alpha 4), 'bound' searches on to a long
   hypothesis; 'k_finished' ends once K = 2 hypotheses have finished (at step 2) and returns
@@ -295,6 +303,7 @@ def test_no_repeat_ngram_longer_than_the_output_bans_nothing():
   np.testing.assert_array_equal(out, logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('vocab, k, controls', [(8, 3, {}), (5, 4, {}), (7, 2, {'prefix': True}),
                                                 (8, 3, {'min_len': 3, 'no_repeat_ngram': 2})])
 def test_a_search_begun_on_one_beam_equals_one_begun_on_k(vocab, k, controls):

@@ -56,6 +56,7 @@ def sentence_logits_fn(table):
   return logits_fn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beams, host', [(1, None), (3, None), (3, False)])
 def test_compacting_decoder_matches_the_one_loop_search(beams, host):
   """On a CPU compaction runs in numpy (host None); host False: in compiled programs, as on
@@ -87,6 +88,7 @@ def test_take_rows_keeps_sentences_and_their_hypotheses():
     take_rows({'x': jnp.zeros(5)}, jnp.array([0]), batch=4, beams=2)
 
 
+@pytest.mark.slow
 def test_rows_and_caches_on_the_host_equal_the_compiled_ones():
   """On a CPU compaction gathers rows and grows caches in numpy (no program to compile):
   a model's bfloat16 decoder cache, grown, cut and gathered, equals what jit gives."""
@@ -132,6 +134,7 @@ def test_compacted_size(live, rows, min_rows, size):
   assert compacted_size(live, rows, min_rows) == size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam_size', [1, 3])
 def test_compacting_translate_matches_translate(beam_size):
   """A random model rarely ends early, so the rows' length limits (source length + 6) end

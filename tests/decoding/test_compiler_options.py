@@ -38,6 +38,7 @@ def test_off_or_chosen_by_xla_flags(monkeypatch):
   assert compiler_options(True) == {}  # the user's own choice stands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batch_invariant', [False, True])
 def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_invariant):
   """Each program the engine makes (translation and scoring) gets the setting's options, and

@@ -43,6 +43,7 @@ def test_average_params_is_the_elementwise_mean():
   np.testing.assert_allclose(average_params(trees)['w'], [1.5, 1.5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam_size', [4])  # greedy shares the batching (and costs a compile)
 def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_size,
                                                     monkeypatch):
@@ -73,6 +74,7 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
   assert max(widths) > max(fine) and all(w % 8 == 0 for w in widths + fine)
 
 
+@pytest.mark.slow
 def test_empty_lines_survive(loaded, test_lines):
   engine = Engine(loaded, DecodeConfig(beam_size=2, max_extra_len=5))
   out = engine.translate(['', test_lines[0], '', '', test_lines[1], ''])
@@ -80,6 +82,7 @@ def test_empty_lines_survive(loaded, test_lines):
   assert out[0] == out[2] == out[3] == out[5] == ''
 
 
+@pytest.mark.slow
 def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
   src = tmp_path / 'in.en'
   lines = (tiny_workdir / 'demo_data' / 'test.en').read_text().splitlines()[:6]
@@ -102,6 +105,7 @@ def test_decode_cli_scores_writes_and_plots(tiny_workdir, tmp_path):
                                                                    'attention_2.png']
 
 
+@pytest.mark.slow
 def test_decode_cli_reads_stdin_and_keeps_compiled_programs(tiny_workdir, test_lines):
   programs, cache = tiny_workdir / 'programs', tiny_workdir / 'compile_cache'
   shutil.rmtree(programs, ignore_errors=True)
@@ -138,6 +142,7 @@ def _clean_failure(result, message):
   assert message in result.stderr and 'Traceback' not in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_decode_bad_input(tiny_workdir, tmp_path):
   wd = str(tiny_workdir)
   _clean_failure(run_decode('--workdir', str(tmp_path / 'nope')), 'is not a training workdir')
@@ -176,6 +181,7 @@ def test_tokenizer_checkpoint_mismatch_is_refused(tiny_workdir, tmp_path):
     load_workdir(copy)
 
 
+@pytest.mark.slow
 def test_decode_refuses_outputs_that_would_lose_work(tiny_workdir, tmp_path):
   wd = str(tiny_workdir)
   source = tmp_path / 'in.en'
@@ -193,6 +199,7 @@ def test_decode_refuses_outputs_that_would_lose_work(tiny_workdir, tmp_path):
                  'is a directory')
 
 
+@pytest.mark.slow
 def test_long_lines_are_translated_in_pieces(loaded, test_lines):
   sentence = test_lines[0].rstrip('.') + '.'
   short = len(loaded.src_tok.encode([sentence])[0]) + 1
@@ -214,6 +221,7 @@ def test_long_lines_are_translated_in_pieces(loaded, test_lines):
   assert cut == 1 and sum(parts, []) == ids and all(len(p) <= 2 for p in parts)
 
 
+@pytest.mark.slow
 def test_a_line_longer_than_the_training_lines_is_split_by_default(loaded):
   """A line of many sentences, far over data.max_len (48 for the tiny run) but under
   decode.max_input_len, is split at sentence ends (a model ends early on lines longer than
@@ -228,6 +236,7 @@ def test_a_line_longer_than_the_training_lines_is_split_by_default(loaded):
   assert engine.lines_split == 1
 
 
+@pytest.mark.slow
 def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path):
   source = tmp_path / 'long.en'
   words = (tiny_workdir / 'demo_data' / 'test.en').read_text().split()
@@ -239,6 +248,7 @@ def test_a_5000_word_line_decodes_within_the_batch_bound(tiny_workdir, tmp_path)
   assert '1 line(s) over 48 source subwords translated in pieces' in result.stderr
 
 
+@pytest.mark.slow
 def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded, test_lines):
   lines = test_lines[:7] + [''] + test_lines[7:12]  # 13 lines, one of them empty
   src = tmp_path / 'in.en'
@@ -265,6 +275,7 @@ def test_streaming_in_blocks_gives_the_same_file(tiny_workdir, tmp_path, loaded,
                  '--malloc_heaps=-2 must be -1')
 
 
+@pytest.mark.slow
 def test_output_controls_bound_every_output(loaded, test_lines):
   """min_len, max_len and no_repeat_ngram through the Engine (compacting path): the tiny
   model would end most outputs at once and repeat itself otherwise."""
@@ -276,6 +287,7 @@ def test_output_controls_bound_every_output(loaded, test_lines):
     assert 3 <= len(out) <= 5 and len(set(out.tolist())) == len(out), out
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_ends_with_the_uninterrupted_file(tiny_workdir, test_lines, tmp_path):
   """--resume: a run killed while waiting for input leaves OUTPUT.partial with the blocks it
   wrote (plus, here, half a line); the next run continues after the last complete line and
@@ -314,6 +326,7 @@ def test_resume_after_a_kill_ends_with_the_uninterrupted_file(tiny_workdir, test
   assert out.read_text() == whole.read_text() and not partial.exists()
 
 
+@pytest.mark.slow
 def test_precompile_that_cannot_store_fails_in_one_line(tiny_workdir, tmp_path, test_lines):
   work = tmp_path / 'run'  # the trained workdir's files, and a file where programs/ would go
   work.mkdir()

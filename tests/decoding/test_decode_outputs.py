@@ -40,6 +40,7 @@ def _start(*flags: str) -> subprocess.Popen:
   raise AssertionError(f'decode.py ended with {proc.wait()} before loading the model')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('resume', [True, False])
 def test_a_second_decode_writing_the_same_output_is_refused(tiny_workdir, tmp_path, resume):
   out = tmp_path / 'out.de'
@@ -76,6 +77,7 @@ def _interrupted(tiny_workdir, tmp_path, lines: list[str]) -> tuple[list[str], s
   return flags, str(tmp_path / 'out.de.partial')
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_partial_that_is_not_this_runs(tiny_workdir, tmp_path, lines):
   source = tmp_path / 'in.en'
   source.write_text(''.join(line + '\n' for line in lines[:5]))
@@ -147,6 +149,7 @@ def test_resume_record_cuts_what_it_did_not_record(tmp_path):
   assert (tmp_path / 'out.de').read_text() == 'Z\n'
 
 
+@pytest.mark.slow
 def test_an_output_among_the_workdirs_files_is_refused(tiny_workdir, tmp_path):
   work = tmp_path / 'run'
   work.mkdir()
@@ -161,6 +164,7 @@ def test_an_output_among_the_workdirs_files_is_refused(tiny_workdir, tmp_path):
   assert (work / 'spm.model').read_bytes() == tokenizer
 
 
+@pytest.mark.slow
 def test_temporary_files_of_killed_runs_are_removed(tiny_workdir, tmp_path):
   out = tmp_path / 'out.de'
   stale = tmp_path / '.out.de.k1ll3d_x.tmp'  # as atomic_output names them
@@ -179,6 +183,7 @@ def test_temporary_files_of_killed_runs_are_removed(tiny_workdir, tmp_path):
   assert out.read_text().count('\n') == 1
 
 
+@pytest.mark.slow
 def test_a_reader_that_goes_away_ends_decoding_quietly(tiny_workdir, lines):
   """`decode.py ... | head -n 1`: the next write finds the pipe closed; the run ends at once
   without a traceback, as a program that SIGPIPE ends would (status 141)."""

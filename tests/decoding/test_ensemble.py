@@ -19,6 +19,7 @@ from transformer_nmt.inference import Engine, load_ensemble
 from transformer_nmt.inference import loading as loading_lib
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
   decode = DecodeConfig(beam_size=3, max_extra_len=6)
   single = Engine(loaded, decode, n_best=3)
@@ -33,6 +34,7 @@ def test_an_ensemble_of_copies_decodes_and_scores_as_the_model(loaded, lines):
                                  atol=1e-4)
 
 
+@pytest.mark.slow
 def test_kernels_cast_ahead_decode_as_the_float32_kernels(loaded, lines):
   """An Engine hands a bfloat16 model its Dense kernels in bfloat16 (kernels_as_computed):
   the same hypotheses and scores as the float32 kernels each Dense casts itself; a float32
@@ -64,6 +66,7 @@ def test_members_with_another_vocabulary_are_refused(loaded, monkeypatch):
     load_ensemble(['a', 'b'])
 
 
+@pytest.mark.slow
 def test_decode_py_ensemble_of_two_copies(tiny_workdir, lines, tmp_path):
   source = tmp_path / 'in.txt'
   source.write_text('\n'.join(lines[:4]) + '\n')

@@ -38,6 +38,7 @@ def test_weights_decide_between_two_and_ties_keep_the_search_order():
     expected_utilities(texts, [0.0, 0.0], 'ter')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('utility', ['bleu', 'chrf'])
 def test_engine_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines, utility):
   decode = dataclasses.replace(loaded.decode, max_extra_len=6)  # decode.py's search below
@@ -57,6 +58,7 @@ def test_engine_outputs_the_mbr_choice_among_the_beams_hypotheses(loaded, lines,
   assert [hyps[0].text for _, hyps in one] == outputs[1:4]
 
 
+@pytest.mark.slow
 def test_decode_py_mbr_flag_gives_the_engines_choice(tiny_workdir, loaded, lines, tmp_path):
   source, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
   source.write_text('\n'.join(lines) + '\n')
@@ -70,6 +72,7 @@ def test_decode_py_mbr_flag_gives_the_engines_choice(tiny_workdir, loaded, lines
   assert out.read_text().splitlines() == expected
 
 
+@pytest.mark.slow
 def test_the_engine_outputs_whatever_mbr_order_puts_first(loaded, lines, monkeypatch):
   """On the tiny model MBR agrees with the search on these lines, so the wiring is checked
   with an order that always puts the search's last hypothesis first."""

@@ -69,6 +69,7 @@ def _agrees_with_forced_decoding(loaded, rows, hyps):
     assert np.all(s.alignment < len(max(rows, key=len)))
 
 
+@pytest.mark.slow
 def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
   """Beam search sums log-probabilities step by step through the cached decoder; the scorer
   runs the whole target through the full decoder at once. The two must agree."""
@@ -77,6 +78,7 @@ def test_forced_decoding_gives_the_beam_searchs_own_scores(loaded, lines):
   _agrees_with_forced_decoding(loaded, rows, hyps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('compact', [True, False])
 def test_n_best_lists(loaded, lines, compact):
   decode = DecodeConfig(beam_size=4, max_extra_len=6, compact=compact)
@@ -101,6 +103,7 @@ def _decode(*flags: str) -> subprocess.CompletedProcess:
                         text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
   """n-best for a line over split_len: the pieces' best translations joined, alone
   (the first piece's alternatives would not translate the whole line)."""
@@ -119,6 +122,7 @@ def test_a_line_translated_in_pieces_gives_one_whole_hypothesis(loaded):
   assert not attention[:first_eos, first_end:].any() and not attention[first_eos:, :first_end].any()
 
 
+@pytest.mark.slow
 def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tmp_path):
   """--score_reference's scores of decode.py's own translations equal the scores decode.py
   reported for them, and its scores of other text equal the library's (Engine.score)."""
@@ -150,6 +154,7 @@ def test_jsonl_n_best_then_score_reference_agree(tiny_workdir, loaded, lines, tm
   assert len(again[1]['tokens']) > 3  # a real sentence was scored
 
 
+@pytest.mark.slow
 def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
   source = tmp_path / 'in.txt'
   source.write_text('\n'.join(lines) + '\n')
@@ -172,6 +177,7 @@ def test_bad_n_best_and_score_reference_requests(tiny_workdir, lines, tmp_path):
     assert out.read_text() == 'keep me\n'
 
 
+@pytest.mark.slow
 def test_a_prefix_is_kept_and_scored_like_forced_decoding(loaded, lines):
   """Beam search from a target prefix: every output starts with it, the search's own scores
   (prefix tokens included) equal forced decoding's, and greedy's first token after the
@@ -206,6 +212,7 @@ def test_beam_scores_from_a_prefix_match_forced_decoding(loaded, lines):
   _agrees_with_forced_decoding(loaded, rows, hyps)
 
 
+@pytest.mark.slow
 def test_decode_with_prefixes(tiny_workdir, lines, tmp_path):
   source, prefixes, out = tmp_path / 'in.txt', tmp_path / 'prefix.txt', tmp_path / 'out.txt'
   source.write_text('\n'.join(lines[:3]) + '\n')

@@ -70,6 +70,7 @@ ctypes.CDLL(None).malloc_stats()  # one 'Arena N:' block per heap, on stderr
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc on Linux only')
 @pytest.mark.parametrize('limit', [0, 1, 2])
 def test_limit_heaps_caps_the_heaps_threads_get(limit):

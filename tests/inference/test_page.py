@@ -101,6 +101,7 @@ def translate(page, text: str, n_best: int = 1, scores: bool = False) -> None:
   page.click('#go')
 
 
+@pytest.mark.slow
 def test_translations_n_best_and_attention(page, url, noisy_engine, lines):
   expect = sync_api.expect
   two = lines[:2]
@@ -155,6 +156,7 @@ def test_an_error_shows_the_servers_message(page, url):
   assert page.locator('#out .best').count() == 0
 
 
+@pytest.mark.slow
 def test_with_an_api_key_the_page_opens_and_sends_the_key_from_its_field(browser, noisy_engine,
                                                                         lines):
   """The page needs no key to open; its requests carry the one typed in its field."""

@@ -62,6 +62,7 @@ def stored(loaded, lines, tmp_path_factory):
   return directory, out, first.store.saved
 
 
+@pytest.mark.slow
 def test_a_second_engine_loads_every_program_and_compiles_none(loaded, lines, stored,
                                                                compiles):
   directory, out, saved = stored
@@ -74,6 +75,7 @@ def test_a_second_engine_loads_every_program_and_compiles_none(loaded, lines, st
   assert plain.store is None and plain.translate(lines) == out
 
 
+@pytest.mark.slow
 def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_path, compiles):
   """A bfloat16 model's programs take its Dense kernels in bfloat16 whoever calls them:
   programs stored by a translation given the float32 parameters (recipe.py) serve one given
@@ -88,6 +90,7 @@ def test_float32_and_cast_kernels_share_the_stored_programs(loaded, lines, tmp_p
         lines[:3]) == out
   assert compiles.count == 0 and again.store.loaded > 0
 
+@pytest.mark.slow
 def test_other_settings_get_their_own_programs_with_a_notice(loaded, lines, stored, caplog):
   directory, _, saved = stored
   with caplog.at_level(logging.WARNING):
@@ -134,6 +137,7 @@ def _copy_store(directory, into):
   return into
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('signed_by', ['nobody', 'another user'])
 def test_a_planted_pickle_is_never_loaded(loaded, lines, stored, tmp_path, caplog, monkeypatch,
                                           signed_by):
@@ -168,6 +172,7 @@ def test_the_signing_key_is_private_and_outside_the_workdir(stored):
   assert programs.verified(key, programs.sign(key, b'x')[:-1] + b'y') is None
 
 
+@pytest.mark.slow
 def test_an_unwritable_store_warns_once_and_translates(loaded, lines, stored, tmp_path, caplog):
   _, out, _ = stored
   blocked = tmp_path / 'programs'
@@ -220,6 +225,7 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
   assert x.is_deleted() and not y.is_deleted()
 
 
+@pytest.mark.slow
 def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
   """Engine.precompile makes the programs of every batch of up to 8 rows (1, 2, 4, 8) at
   each grid length up to max_length, through every cache stage: later jobs of up to 8 lines
@@ -271,6 +277,7 @@ def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
   assert code == imported and on_disk != imported
 
 
+@pytest.mark.slow
 def test_precompile_stops_near_the_limit_on_memory_maps(loaded, monkeypatch):
   """Past heap.MAPS_SHARE of vm.max_map_count, precompiling stops after the program that got
   there with a ConfigError that names the limit and how to make fewer programs (more programs

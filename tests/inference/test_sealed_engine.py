@@ -42,6 +42,7 @@ def sealed(loaded) -> tuple[Engine, Engine]:
   return engine, Engine(loaded, settings, n_best=2)
 
 
+@pytest.mark.slow
 def test_no_request_compiles_once_sealed(sealed):
   engine, _ = sealed
   client = TestClient(make_app(engine, max_wait_ms=0))
@@ -77,6 +78,7 @@ def test_what_was_not_prepared_is_a_422_naming_the_limit(sealed):
   assert COMPILES.count == before
 
 
+@pytest.mark.slow
 def test_prefix_programs_translate_as_the_plain_engine(sealed, lines):
   engine, plain = sealed
   assert engine.translate(lines) == plain.translate(lines)

@@ -54,6 +54,7 @@ def error(response, status: int) -> str:
   return body['error']
 
 
+@pytest.mark.slow
 def test_translate_equals_the_engine(client, engine, lines, expected):
   response = client.post('/v1/translate', json={'text': lines + ['']})
   assert response.status_code == 200, response.text
@@ -65,6 +66,7 @@ def test_translate_equals_the_engine(client, engine, lines, expected):
   assert len(set(expected.values())) > 4  # not one answer for all: the comparison means something
 
 
+@pytest.mark.slow
 def test_concurrent_requests_get_their_own_lines_in_order(client, lines, expected):
   def ask(k: int) -> bool:
     mine = [lines[(k + i) % len(lines)] for i in range(k % 4 + 1)]
@@ -93,6 +95,7 @@ def test_n_best_and_scores(client, engine, lines, expected):
                              422)
 
 
+@pytest.mark.slow
 def test_prefix(client, engine, lines):
   prefixes = ['', 'ein', '']
   want = engine.translate(lines[:3], prefixes=prefixes)
@@ -197,6 +200,7 @@ def test_score(client, engine, lines, expected):
                                                            'target': ['c']}), 422)
 
 
+@pytest.mark.slow
 def test_health_page_and_metrics(client):
   assert client.get('/health').json() == {'status': 'ok', 'ready': True}
   assert 'fetch(' in client.get('/').text
@@ -384,6 +388,7 @@ def test_limits_that_cannot_work_are_refused(engine):
     make_app(engine, Limits(max_chars=0))
 
 
+@pytest.mark.slow
 def test_serve_help_and_bad_flags():
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, 'serve.py', '--help'], cwd=ROOT, capture_output=True,
@@ -400,6 +405,7 @@ def test_serve_help_and_bad_flags():
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_serve_answers_then_stops_on_sigterm_with_exit_0(tiny_workdir):
   """The real program under uvicorn: not ready, then ready; SIGTERM with six requests in
   flight: each is answered and the exit code is 0."""

@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding import beam, compaction
@@ -108,6 +109,8 @@ def test_bfloat16_kv_cache_keeps_bit_patterns_and_attends_as_bfloat16():
       np.asarray(jax.lax.bitcast_convert_type(cache.k[:, :, :3], jnp.bfloat16), np.float32),
       as_bf16(keys).transpose(0, 2, 1, 3))
 
+
+@pytest.mark.slow
 def test_beam_reorders_move_slots_and_attend_as_moved_keys_would():
   """A beam cache keeps each position in the row that wrote it and reorders only its slots;
   every step attends exactly as a cache whose keys and values are gathered (beam.gather_beams

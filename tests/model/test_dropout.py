@@ -96,6 +96,7 @@ def _flax_mask(rng, rate, shape, bits=16):
   return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
 
 
+@pytest.mark.slow
 def test_model_with_32_bit_draws_trains_as_with_flax_dropout(tiny_cfg, monkeypatch):
   """model.dropout_bits=32 draws every mask of a training forward pass (residual,
   embedding, ReLU, attention and word dropout) exactly as flax's nn.Dropout and

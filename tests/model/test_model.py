@@ -62,6 +62,7 @@ def test_encoder_and_decoder_depths_of_their_own(tiny_cfg):
                     'encoder_layers_2']
 
 
+@pytest.mark.slow
 def test_initialisation_scales(tiny_cfg):
   params = init_params(dataclasses.replace(tiny_cfg, vocab_size=4000, d_model=64, d_ff=128),
                        jax.random.key(0))
@@ -78,6 +79,7 @@ def _batch():
   return src, tgt_in, (src > 0).astype(jnp.int32), (tgt_in > 0).astype(jnp.int32)
 
 
+@pytest.mark.slow
 def test_post_ln_and_pre_ln_differ(tiny_cfg):
   src, tgt, s_seg, t_seg = _batch()
   params = init_params(tiny_cfg, jax.random.key(0))  # same parameter tree for both variants
@@ -98,6 +100,7 @@ def test_padding_does_not_leak_into_real_positions(tiny_cfg):
   np.testing.assert_allclose(a[1, :2], b[1, :2], atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('depths', [(0, 0), (3, 1)])
 def test_cached_decoding_matches_teacher_forcing(tiny_cfg, depths):
   cfg = dataclasses.replace(tiny_cfg, num_encoder_layers=depths[0], num_decoder_layers=depths[1])
@@ -107,6 +110,7 @@ def test_cached_decoding_matches_teacher_forcing(tiny_cfg, depths):
   np.testing.assert_allclose(_cached_logits(cfg, variables, src, s_seg, tgt), full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_halving_sums_decode_as_the_plain_model_computes():
   """Cached decoding steps with ModelConfig.halving_sums (model/sums.py; LayerNorm over 96,
   heads of 48, 40 source and 36 target positions: each sum halves) match the plain model's
@@ -136,6 +140,7 @@ def _cached_logits(cfg: ModelConfig, variables: dict, src: jax.Array, s_seg: jax
   return jnp.stack(steps, 1)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params(tiny_cfg):
   cfg = dataclasses.replace(tiny_cfg, dtype='bfloat16')
   params = init_params(cfg, jax.random.key(0))
@@ -145,6 +150,7 @@ def test_bfloat16_compute_keeps_float32_params(tiny_cfg):
   assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
 
 
+@pytest.mark.slow
 def test_bfloat16_logits_option(tiny_cfg):
   """model.float32_logits=False rounds the training logits to bfloat16 (half the bytes of the
   largest array of a step); decoding steps still hand the search float32 logits."""
@@ -163,6 +169,7 @@ def test_bfloat16_logits_option(tiny_cfg):
   assert step.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_bfloat16_gradients_follow_float32(tiny_cfg):
   """The bfloat16 mode (float32 accumulation, custom VJP) computes the float32 model's
   gradient up to bfloat16 rounding, compiled as a train step compiles it (XLA CPU once
@@ -181,6 +188,7 @@ def test_bfloat16_gradients_follow_float32(tiny_cfg):
   assert 0.9 < jnp.linalg.norm(g16) / jnp.linalg.norm(g32) < 1.1
 
 
+@pytest.mark.slow
 def test_remat_keeps_parameters_and_gradients(tiny_cfg):
   """model.remat recomputes layer activations in the backward pass: same parameter tree, same
   gradients (dropout included: the recomputation reuses the layer's rng), and the compiled

@@ -26,6 +26,7 @@ def _per_head(k):
   return jnp.swapaxes(k, 1, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('groups', [1, 4])
 def test_one_query_logits_and_values_match_the_einsums(groups):
   q, k, v = _qkv(3, groups)

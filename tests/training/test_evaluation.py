@@ -27,6 +27,7 @@ def _evaluator(model, tokens):
                    DecodeConfig(beam_size=4, max_extra_len=10, tokens_per_batch=tokens))
 
 
+@pytest.mark.slow
 def test_loss_is_the_token_mean_whatever_the_batches(setup):
   model, data, _ = setup
   whole = _evaluator(model, 4096).loss(model.params, data)
@@ -38,6 +39,7 @@ def test_loss_is_the_token_mean_whatever_the_batches(setup):
   assert 0.0 <= whole['accuracy'] <= 1.0
 
 
+@pytest.mark.slow
 def test_bleu_is_greedy_in_file_order(setup):
   model, data, references = setup
   evaluator = _evaluator(model, 4096)

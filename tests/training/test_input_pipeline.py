@@ -3,6 +3,8 @@ reports how long it waited for data."""
 
 import json
 
+import pytest
+
 from configs import tiny
 from transformer_nmt.training import loop as trainer
 from transformer_nmt.typed_config import validate_config
@@ -12,6 +14,7 @@ def _rows(workdir):
   return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_prefetching_changes_no_loss_and_logs_the_data_wait(tmp_path):
   losses = {}
   for depth in (0, 3):

@@ -64,6 +64,7 @@ def test_tiny_model_learns_copy_task(copy_cfg):
   assert accuracy > 0.95, accuracy  # unseen sequences, decoded greedily with the cache
 
 
+@pytest.mark.slow
 def test_accumulated_micro_batches_equal_one_large_batch(copy_cfg):
   """Two micro-batches with different padding, accumulated, give the update of one batch
   holding all their rows (token mean over the union, not a mean of means)."""
