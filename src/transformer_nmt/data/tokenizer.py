@@ -29,10 +29,8 @@ from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
 
 # SentencePiece encodes a list of lines on threads it starts for each call: for a few lines
-# that costs several times the encoding itself, and in a loaded serve.py, whose event loop
-# costed each sentence that way, the calls took half the loop's time. Below this many lines
-# each line is encoded alone (bench/RESULTS.md, 'The server's event loop waited on
-# SentencePiece's threads').
+# starting them costs more than the encoding itself, and serve.py's event loop encodes each
+# request's sentences this way. Below this many lines each line is encoded alone.
 THREADED_LINES = 64
 
 
