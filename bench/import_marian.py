@@ -1,8 +1,9 @@
-"""import_marian.py and a first translation on an OPUS-MT-sized model: d_model 512, 6+6
-layers, 8 heads, d_ff 2048, vocabulary 58101 (about 75M parameters, Helsinki-NLP/opus-mt-en-de's
-shape), built at random with transformers and saved with save_pretrained; nothing is
-downloaded. Prints the wall time of the import and of two decode.py runs of one line (the
-second calls the programs the first stored in WORKDIR/programs).
+"""import_marian.py, a first translation and export_marian.py on an OPUS-MT-sized model:
+d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 58101 (about 75M parameters,
+Helsinki-NLP/opus-mt-en-de's shape), built at random with transformers and saved with
+save_pretrained; nothing is downloaded. Prints the wall time of the import, of two decode.py
+runs of one line (the second calls the programs the first stored in WORKDIR/programs) and of
+export_marian.py.
 
   python bench/import_marian.py --dir /tmp/opus_bench [--markdown bench/RESULTS.md]
 
@@ -90,6 +91,9 @@ def main(argv: list[str]) -> None:
   rows.append(('decode.py, one line, first run (compiles and stores its programs)',
                timed(decode)))
   rows.append(('decode.py, the same line again (stored programs)', timed(decode)))
+  rows.append(('export_marian.py (back to a transformers directory)',
+               timed([sys.executable, 'export_marian.py', '--workdir', str(workdir), '--out',
+                      str(scratch / 'exported')])))
   text = (f'{common.stamp()}\n\nA random MarianMTModel of opus-mt-en-de\'s shape: '
           f'{count / 1e6:.1f}M parameters, model.safetensors {size / 2**20:.0f} MiB.\n\n'
           '| step | wall s |\n| --- | ---: |\n'
