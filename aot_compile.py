@@ -62,7 +62,7 @@ def _rows(config, chips: int) -> int:
 
 
 def _format(report: dict) -> str:
-  from transformer_nmt import aot
+  from transformer_nmt.accelerators import aot
   gib = lambda n: f'{n / 2 ** 30:.2f} GiB'  # noqa: E731
   m = report['memory']
   lines = [f"{report['program']} on {report['topology']} ({report['chips']} x {report['chip']}), "
@@ -111,7 +111,7 @@ def _over_budget(report: dict) -> str:
 
 
 def run() -> None:
-  from transformer_nmt import aot
+  from transformer_nmt.accelerators import aot
   from transformer_nmt.typed_config import validate_config
   config = validate_config(_CONFIG.value)
   devices, chip = aot.topology_devices(_TOPOLOGY.value)

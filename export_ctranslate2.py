@@ -2,7 +2,7 @@
 
     python export_ctranslate2.py --workdir runs/m30k_1h_en_de --out m30k_ct2 --average_last 5
 
-Then translate with CTranslate2 (see src/transformer_nmt/export.py for the token
+Then translate with CTranslate2 (see src/transformer_nmt/interop/ctranslate2.py for the token
 convention): SentencePiece pieces of each source line followed by '</s>'.
 """
 
@@ -11,7 +11,7 @@ import sys
 from absl import app, flags
 
 from transformer_nmt.cli import fail, flag_parser, main_running
-from transformer_nmt.export import QUANTIZATIONS
+from transformer_nmt.interop.ctranslate2 import QUANTIZATIONS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
@@ -31,8 +31,8 @@ def run() -> None:
     fail('ctranslate2 is not installed: pip install "ctranslate2>=4.8,<5"')
   import pathlib
 
-  from transformer_nmt.export import check_quantization, export
   from transformer_nmt.inference import load_workdir
+  from transformer_nmt.interop.ctranslate2 import check_quantization, export
   check_quantization(_QUANTIZATION.value)  # before the model loads
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):

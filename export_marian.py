@@ -10,7 +10,7 @@
 The mirror of import_marian.py: an imported model fine-tuned here (configs/finetune.py) goes
 back to transformers, as may a model trained here with Marian's options (post-LN, positions
 'halves', LayerNorm epsilon 1e-5). A model with options Marian cannot hold is refused in one
-line (exit code 2) and nothing is written (src/transformer_nmt/marian_export.py). Ctrl-C and
+line (exit code 2) and nothing is written (src/transformer_nmt/interop/marian_export.py). Ctrl-C and
 SIGTERM end it in one line with exit code 130, the partial directory removed.
 """
 
@@ -42,8 +42,8 @@ def run() -> None:
   import signal
   try:
     from transformer_nmt.inference import load_workdir
-    from transformer_nmt.marian_export import check_exportable, export_model
-    from transformer_nmt.staging import Stopped
+    from transformer_nmt.interop.marian_export import check_exportable, export_model
+    from transformer_nmt.interop.staging import Stopped
     from transformer_nmt.workdir import Workdir
     check_exportable(Workdir(_WORKDIR.value).read_model_config())  # before loading weights
     model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)

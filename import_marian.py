@@ -6,7 +6,7 @@
 
 The counterpart of export_ctranslate2.py: a model comes in rather than goes out. Nothing is
 downloaded; the directory is the user's. What the checkpoint uses and this model lacks is
-refused in one line (exit code 2) and nothing is written (src/transformer_nmt/marian.py).
+refused in one line (exit code 2) and nothing is written (src/transformer_nmt/interop/marian.py).
 Ctrl-C and SIGTERM end it in one line with exit code 130, the partial workdir removed.
 """
 
@@ -36,7 +36,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'New workdir to write (must not 
 def run() -> None:
   import signal
   try:
-    from transformer_nmt.marian import Stopped, import_checkpoint
+    from transformer_nmt.interop.marian import Stopped, import_checkpoint
     cfg = import_checkpoint(_FROM.value, _WORKDIR.value)
   except KeyboardInterrupt as stop:  # main_running would exit without a word
     if not isinstance(stop, Stopped):  # a second Ctrl-C, not waiting for a clean stop

@@ -72,11 +72,11 @@ def checked_run() -> None:
 
 def run(alphas: list[float]) -> None:
   from transformer_nmt import plots
-  from transformer_nmt import results as report
   from transformer_nmt.checkpoint import Checkpointer
   from transformer_nmt.files import write_atomically
   from transformer_nmt.metrics import read_metrics
   from transformer_nmt.training import loop as trainer
+  from transformer_nmt.training import selection as report
   from transformer_nmt.typed_config import validate_config
   from transformer_nmt.workdir import Workdir
   config, workdir = validate_config(_CONFIG.value), pathlib.Path(_WORKDIR.value)
@@ -126,7 +126,7 @@ def run(alphas: list[float]) -> None:
 def _select(decode: DecodeConfig, workdir: pathlib.Path, valid: tuple,
             alphas: list[float]) -> tuple:
   """results.select with the config's search settings and this command's flags."""
-  from transformer_nmt import results as report
+  from transformer_nmt.training import selection as report
   from transformer_nmt.workdir import Workdir
   given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
   decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})

@@ -19,7 +19,7 @@ for name, value in (('TPU_ACCELERATOR_TYPE', 'v5litepod-4'), ('TPU_SKIP_MDS_QUER
   os.environ.setdefault(name, value)
 
 from configs import tiny  # noqa: E402
-from transformer_nmt import aot  # noqa: E402
+from transformer_nmt.accelerators import aot  # noqa: E402
 from transformer_nmt.typed_config import validate_config  # noqa: E402
 
 ROWS, LENGTH = 48, 20  # global rows (12 or 6 per chip) x tokens: no weight has these dims

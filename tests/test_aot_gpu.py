@@ -14,7 +14,7 @@ pytest.importorskip('jax_plugins.xla_cuda12',
 from test_aot import (  # noqa: E402,I001
     D_MODEL, LENGTH, ROWS, VOCAB, _activation_like, _aot, _config, _param_shapes)
 
-from transformer_nmt import aot, gpu_target  # noqa: E402
+from transformer_nmt.accelerators import aot, gpu_target  # noqa: E402
 from transformer_nmt.errors import UserError  # noqa: E402
 
 

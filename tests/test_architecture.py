@@ -32,3 +32,9 @@ def test_every_module_is_on_the_map():
   assert modules - _mapped() == set(), 'modules missing from docs/ARCHITECTURE.md'
   named = _mapped() - {'__init__.py'}  # the package's exports, named on the map too
   assert named - modules == set(), 'docs/ARCHITECTURE.md names modules that do not exist'
+
+
+def test_the_package_root_holds_at_most_twelve_modules():
+  """Everything else lives in a subpackage named for its layer (docs/ARCHITECTURE.md)."""
+  root = sorted(p.name for p in PACKAGE.glob('*.py') if p.name != '__init__.py')
+  assert len(root) <= 12, root

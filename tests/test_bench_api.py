@@ -135,7 +135,8 @@ def violations(source: str, where: str = '<bench>') -> list[str]:
     ('from transformer_nmt.inference.engine import Engine\n', ['exports nothing']),
     ('from transformer_nmt.decoding.translate import _cached\n', ['private name']),
     ('from transformer_nmt.inference import Prepared\n', ['does not export']),
-    ('import transformer_nmt\nx = transformer_nmt.results.machine()\n', ['not exported']),
+    ('import transformer_nmt\nx = transformer_nmt.training.selection.machine()\n',
+     ['not exported']),
     ('import transformer_nmt.data.batching as b\n', ['exports nothing']),
     ('from transformer_nmt import Engine\nengine = Engine(m)\nengine.concurrent_batches = 1\n',
      ['an attribute of transformer_nmt']),
@@ -149,7 +150,7 @@ def violations(source: str, where: str = '<bench>') -> list[str]:
     ('from transformer_nmt import Engine\nclass E(Engine):\n  def _pieces(self): pass\n',
      ['private method']),
     ('from transformer_nmt import Engine\nclass E(Engine):\n  def translate(self): pass\n', []),
-    ('JOB = """\nfrom transformer_nmt import gpu_target\n"""\n', ['code in a string']),
+    ('JOB = """\nfrom transformer_nmt.accelerators import gpu_target\n"""\n', ['code in a string']),
     ("JOB = 'import sys, jax; print(jax.devices())'\n", []),
 ])
 def test_the_checker_finds_each_kind(source, expected):

@@ -32,7 +32,7 @@ def tokenizer(tmp_path_factory):
                                                      ('post', 'concat', (0, 0)),
                                                      ('pre', 'interleaved', (3, 1))])
 def test_export_scores_match_ours(tiny_cfg, tokenizer, tmp_path, norm, positions, depths):
-  from transformer_nmt.export import export
+  from transformer_nmt.interop.ctranslate2 import export
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size, norm_position=norm,
                             positional_encoding=positions, num_encoder_layers=depths[0],
                             num_decoder_layers=depths[1])
@@ -66,7 +66,7 @@ def test_an_export_that_fails_midway_leaves_nothing_and_a_rerun_works(tiny_cfg, 
   import errno
 
   from transformer_nmt import cli
-  from transformer_nmt.export import export
+  from transformer_nmt.interop.ctranslate2 import export
   cfg = dataclasses.replace(tiny_cfg, vocab_size=tokenizer.vocab_size)
   params = init_params(cfg, jax.random.key(3))
   real_save = ctranslate2.specs.TransformerSpec.save
@@ -90,8 +90,8 @@ def test_an_export_that_fails_midway_leaves_nothing_and_a_rerun_works(tiny_cfg, 
 def trained(tiny_workdir, tmp_path_factory):
   """The tiny trained workdir's model, 8 test pairs as pieces, and CTranslate2's float32
   log-probabilities of them from its export."""
-  from transformer_nmt.export import export
   from transformer_nmt.inference import load_workdir
+  from transformer_nmt.interop.ctranslate2 import export
   model = load_workdir(tiny_workdir)
   data = tiny_workdir / 'demo_data'
   src = [model.src_tok.pieces(r + [model.src_tok.eos_id]) for r in
@@ -118,7 +118,7 @@ def test_every_offered_quantization_exports_and_translates(trained, tmp_path, qu
   """int8, int8_float32 and int16 were quantized by CTranslate2 in place in our read-only
   arrays (a traceback); each now writes narrower weights that CTranslate2 translates and
   scores with, close to float32."""
-  from transformer_nmt.export import QUANTIZATIONS, export
+  from transformer_nmt.interop.ctranslate2 import QUANTIZATIONS, export
   assert set(TOLERANCE) == set(QUANTIZATIONS)
   model, src, tgt, float32_dir, float32 = trained
   out = tmp_path / quantization

@@ -116,7 +116,7 @@ def hf_model(marian_dir):
 
 @pytest.fixture(scope='module')
 def workdir(marian_dir, tmp_path_factory) -> pathlib.Path:
-  from transformer_nmt.marian import import_checkpoint
+  from transformer_nmt.interop.marian import import_checkpoint
   out = tmp_path_factory.mktemp('imported') / 'run'
   import_checkpoint(marian_dir, out)
   return out
@@ -164,7 +164,7 @@ def test_the_workdir_has_the_marian_options_and_piece_table(workdir, loaded):
 def test_the_fine_tuning_config_has_the_imported_model(workdir, loaded):
   """configs/finetune.py:W gives aot_compile.py (which has no tokenizers) the model as
   imported: its options and its vocabulary size."""
-  from transformer_nmt.aot import _model_config
+  from transformer_nmt.accelerators.aot import _model_config
   from transformer_nmt.typed_config import validate_config
   sys.path.insert(0, str(ROOT / 'configs'))
   import finetune
@@ -311,7 +311,7 @@ def test_a_bad_checkpoint_is_one_line_exit_2_and_nothing_written(marian_dir, tmp
 
 
 def test_unsupported_variants_are_refused_by_name():
-  from transformer_nmt.marian import MarianError, model_config
+  from transformer_nmt.interop.marian import MarianError, model_config
   base = dict(model_type='marian', vocab_size=10, d_model=8, encoder_layers=1,
               decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
               encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=9,
@@ -415,7 +415,7 @@ def test_half_precision_weights_with_sinusoid_tables_import(hf_model, loaded, tm
                                                              dtype):
   """float16 rounds the stored sinusoids by up to 4.9e-4, bfloat16 by 3.9e-3: accepted as
   the sinusoids; the same tables moved by training are still refused as learned."""
-  from transformer_nmt.marian import MarianError, convert, read_tensors
+  from transformer_nmt.interop.marian import MarianError, convert, read_tensors
   _weights(hf_model, tmp_path / 'sinusoids', form, dtype, learned=False)
   params = convert(read_tensors(tmp_path / 'sinusoids'), loaded.cfg)
   stored = hf_model.model.shared.weight.detach().to(getattr(torch, dtype)).float().numpy()
@@ -436,7 +436,7 @@ class _Code:
 @pytest.mark.parametrize('case', ['code', 'garbage'])
 def test_a_pickle_that_is_not_tensors_is_refused_in_our_words(hf_model, tmp_path, case):
   """torch's refusal (cut to a line) read as advice to turn weights_only off: never given."""
-  from transformer_nmt.marian import MarianError, read_tensors
+  from transformer_nmt.interop.marian import MarianError, read_tensors
   if case == 'code':
     torch.save({**hf_model.state_dict(), 'extra': _Code()}, tmp_path / 'pytorch_model.bin')
   else:
@@ -455,7 +455,7 @@ def test_a_pickle_that_is_not_tensors_is_refused_in_our_words(hf_model, tmp_path
 
 @pytest.mark.parametrize('case', ['parent_is_a_file', 'proc'])
 def test_a_workdir_that_cannot_be_made_is_refused_by_name(marian_dir, tmp_path, case):
-  from transformer_nmt.marian import MarianError, import_checkpoint
+  from transformer_nmt.interop.marian import MarianError, import_checkpoint
   if case == 'parent_is_a_file':
     (tmp_path / 'file').write_text('keep me')
     workdir, says = tmp_path / 'file' / 'run', f'{tmp_path / "file"} is a file'
@@ -474,7 +474,7 @@ def test_a_full_disk_is_named_for_the_workdir(marian_dir, tmp_path, monkeypatch,
   it copies, the user's checkpoint) is reported for the workdir. Nothing is left."""
   import errno
 
-  from transformer_nmt.marian import MarianError, import_checkpoint
+  from transformer_nmt.interop.marian import MarianError, import_checkpoint
   if when == 'before_writing':
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, 'disk_usage', lambda path: real(path)._replace(free=10_000))
@@ -531,7 +531,7 @@ def test_a_stop_while_importing_is_one_line_and_leaves_no_partial_workdir(
   """Each ends in one line without a traceback (or Orbax's logging) and removes the partial
   workdir; SIGKILL cannot be handled and leaves it, and the next import removes it (its
   process is gone) but not one whose process lives."""
-  from transformer_nmt.marian import import_checkpoint
+  from transformer_nmt.interop.marian import import_checkpoint
   workdir = tmp_path / 'out' / 'run'
   result = subprocess.run([sys.executable, '-c', _INJECT, case, str(marian_dir), str(workdir)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)

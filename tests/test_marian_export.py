@@ -39,7 +39,7 @@ def variant(request, tmp_path_factory):
   """(name, checkpoint directory, its workdir imported, the workdir loaded, transformers'
   model of the checkpoint)."""
   from transformer_nmt.inference import load_workdir
-  from transformer_nmt.marian import import_checkpoint
+  from transformer_nmt.interop.marian import import_checkpoint
   root = tmp_path_factory.mktemp(request.param)
   directory = build_marian(root / 'opus-mt', *VARIANTS[request.param])
   import_checkpoint(directory, root / 'run')
@@ -130,7 +130,7 @@ def _logprob(hf_model, source: np.ndarray, start: int, target: list[int]) -> flo
 
 
 def _tensors(directory: pathlib.Path) -> dict:
-  from transformer_nmt.marian import read_tensors
+  from transformer_nmt.interop.marian import read_tensors
   return read_tensors(directory)
 
 
@@ -141,7 +141,7 @@ def test_import_then_export_gives_the_original_tensors_and_files(variant, tmp_pa
   files are the original's; both load offline in transformers. (transformers unties a
   shared table's copies with tie_word_embeddings false: that model comes back with separate
   tables, the same ones, and without the unused shared one.)"""
-  from transformer_nmt.marian_export import export_model
+  from transformer_nmt.interop.marian_export import export_model
   name, directory, _, loaded, hf_model = variant
   out = tmp_path / 'exported'
   export_model(loaded.cfg, loaded.params, loaded.src_tok, loaded.tgt_tok, loaded.decode, out)
@@ -214,7 +214,7 @@ def test_a_model_of_ours_goes_to_transformers_with_its_search_settings(tmp_path,
   generation config (beam 3, length_penalty 0 for alpha 0) gives decode.py's engine's
   outputs, greedy too. MarianTokenizer cuts text into the same ids."""
   from transformer_nmt.inference import load_workdir
-  from transformer_nmt.marian_export import export_model
+  from transformer_nmt.interop.marian_export import export_model
   workdir = _our_workdir(tmp_path / 'run', decode={'beam_size': 3, 'alpha': 0.0})
   loaded = load_workdir(workdir)
   assert not loaded.cfg.attention_bias and loaded.tgt_tok.bos_id != loaded.tgt_tok.pad_id
@@ -243,7 +243,7 @@ def test_a_model_of_ours_goes_to_transformers_with_its_search_settings(tmp_path,
     ({'layer_norm_epsilon': 1e-6}, 'model.layer_norm_epsilon=1e-06')])
 def test_options_marian_lacks_are_refused_by_name(options, says):
   from transformer_nmt.config import ModelConfig
-  from transformer_nmt.marian_export import MarianError, check_exportable
+  from transformer_nmt.interop.marian_export import MarianError, check_exportable
   cfg = ModelConfig(positional_encoding='halves', layer_norm_epsilon=1e-5)
   check_exportable(cfg)
   with pytest.raises(MarianError, match=re.escape(says)):

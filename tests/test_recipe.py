@@ -14,7 +14,7 @@ from transformer_nmt.checkpoint import Checkpointer, loop_state
 from transformer_nmt.inference import load_workdir
 from transformer_nmt.metrics import read_metrics
 from transformer_nmt.plots import plot_learning_curves, series
-from transformer_nmt.results import RESULTS_HEADER, append_row
+from transformer_nmt.training.selection import RESULTS_HEADER, append_row
 from transformer_nmt.workdir import Workdir
 
 

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from transformer_nmt.data import demo as demo_data
+from transformer_nmt.data import demo_numbers
 
 NUMBER_WORDS = [
   (0, "zero", "null"),
@@ -129,16 +130,16 @@ def corpus():
 
 @pytest.mark.parametrize("n, english, german", NUMBER_WORDS)
 def test_number_words(n, english, german):
-  assert demo_data.number_to_english(n) == english
-  assert demo_data.number_to_german(n) == german
+  assert demo_numbers.number_to_english(n) == english
+  assert demo_numbers.number_to_german(n) == german
 
 
 @pytest.mark.parametrize("bad", [-1, 10000])
 def test_number_words_reject_out_of_range(bad):
   with pytest.raises(ValueError):
-    demo_data.number_to_english(bad)
+    demo_numbers.number_to_english(bad)
   with pytest.raises(ValueError):
-    demo_data.number_to_german(bad)
+    demo_numbers.number_to_german(bad)
 
 
 def test_golden_pairs():

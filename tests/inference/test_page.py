@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 
-from transformer_nmt.inference.server import Limits, connection_protocol, make_app
+from transformer_nmt.inference.connections import connection_protocol
+from transformer_nmt.inference.server import Limits, make_app
 
 CHROMIUM = '/usr/bin/chromium'
 if not os.access(CHROMIUM, os.X_OK):

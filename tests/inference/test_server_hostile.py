@@ -1,5 +1,5 @@
 """serve.py's API under hostile clients, over real sockets (uvicorn on loopback in a thread,
-with serve.py's connections: server.connection_protocol): a request head or a body sent too
+with serve.py's connections: connections.connection_protocol): a request head or a body sent too
 slowly, more connections than allowed, a client that leaves mid-batch (whole or streamed
 answers) or half-closes, while others are served. The engine's translate is replaced by a
 gated fake so that the tests decide when a batch ends; the rest (tokenizers, settings) is the
@@ -18,8 +18,9 @@ import urllib.request
 import pytest
 import uvicorn
 
+from transformer_nmt.inference.connections import connection_protocol
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.server import Limits, connection_protocol, make_app
+from transformer_nmt.inference.server import Limits, make_app
 
 LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=2.0,
                 max_queue_sentences=64)

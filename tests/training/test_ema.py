@@ -109,7 +109,7 @@ def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   import shutil
 
   from transformer_nmt.inference import load_workdir
-  from transformer_nmt.results import checkpoint_candidates
+  from transformer_nmt.training.selection import checkpoint_candidates
   workdir = tmp_path / 'run'
   _run(workdir, 4, 0.5)
   has, straight = _checkpoint(workdir, 4)

@@ -68,7 +68,9 @@ def _free_port() -> int:
 
 
 def _two_processes(workdir: pathlib.Path, logs: pathlib.Path, *flags: str) -> list:
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  """train.py on two processes, their logs in `logs`; a compilation cache of their own (the
+  suite's is for one process at a time), so that later pairs load what the first compiled."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=str(logs / 'cache'))
   env.pop('XLA_FLAGS', None)
   address = f'127.0.0.1:{_free_port()}'
   procs = []

@@ -3,7 +3,7 @@
 The project needs a default translation task that works offline, carries no
 third-party text and is small enough to train on a laptop CPU in minutes, yet
 is not solvable by copying the source. Every sentence here is built from the
-templates and word lists in this module:
+templates and word lists of this module and the two beside it:
 
 * cardinals 0..9999 ("three hundred twenty-four" ->
   "dreihundertvierundzwanzig")
@@ -18,11 +18,8 @@ templates and word lists in this module:
 Each English sentence has exactly one German translation, so a small model can
 reach a near-perfect BLEU score on held-out pairs.
 
-Conventions: English numbers use no "and" and hyphenate 21..99; German uses
-"einhundert" / "eintausend" and "einhunderteins" for 101. Noun phrases never
-use quantities ending in 01 other than 1 itself, because German there wavers
-between "hunderteins Äpfel" and "hundertundein Apfel". Years in dates are
-written as digits.
+The numbers and dates are demo_numbers.py's, the noun phrases demo_phrases.py's (each
+states its conventions); the sentence frames and the corpus files are this module's.
 """
 
 from __future__ import annotations
@@ -30,61 +27,24 @@ from __future__ import annotations
 import os
 import pathlib
 import random
-from functools import lru_cache
 from typing import Callable, NamedTuple
 
+from transformer_nmt.data.demo_numbers import (
+  MAX_NUMBER,
+  count_dates,
+  number_to_english,
+  number_to_german,
+  sample_date,
+)
+from transformer_nmt.data.demo_phrases import (
+  ADJECTIVES,
+  NOUNS,
+  quantity_allowed,
+  sample_adjective,
+  sample_noun_phrase,
+  sample_quantity,
+)
 from transformer_nmt.files import atomic_output
-
-MAX_NUMBER = 9999
-
-_EN_ONES = (
-  "zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
-  "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen",
-  "sixteen", "seventeen", "eighteen", "nineteen",
-)
-_EN_TENS = (
-  "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy",
-  "eighty", "ninety",
-)
-_DE_ONES = (
-  "null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht",
-  "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn",
-  "sechzehn", "siebzehn", "achtzehn", "neunzehn",
-)
-_DE_TENS = (
-  "", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig",
-  "achtzig", "neunzig",
-)
-_EN_IRREGULAR_ORDINALS = {
-  1: "first", 2: "second", 3: "third", 5: "fifth", 8: "eighth",
-  9: "ninth", 12: "twelfth",
-}
-# German ordinal stems that are not simply the cardinal ("acht" + "ten" would
-# double the t).
-_DE_IRREGULAR_ORDINAL_STEMS = {1: "ers", 3: "drit", 7: "sieb", 8: "ach"}
-
-_MONTHS = (
-  ("January", "Januar", 31), ("February", "Februar", 29),
-  ("March", "März", 31), ("April", "April", 30), ("May", "Mai", 31),
-  ("June", "Juni", 30), ("July", "Juli", 31), ("August", "August", 31),
-  ("September", "September", 30), ("October", "Oktober", 31),
-  ("November", "November", 30), ("December", "Dezember", 31),
-)
-_YEARS = range(1900, 2100)
-_YEAR_PROBABILITY = 0.3
-
-
-class _Noun(NamedTuple):
-  en_sg: str
-  en_pl: str
-  de_sg: str
-  de_pl: str
-  gender: str  # "m", "f" or "n"
-
-
-class _Adjective(NamedTuple):
-  en: str
-  de: str  # uninflected stem; endings are added by case
 
 
 class _Subject(NamedTuple):
@@ -113,43 +73,6 @@ class _WithVerb(NamedTuple):
   de_particle: str  # separable prefix that moves to the end, or ""
 
 
-_NOUNS = (
-  _Noun("apple", "apples", "Apfel", "Äpfel", "m"),
-  _Noun("house", "houses", "Haus", "Häuser", "n"),
-  _Noun("cat", "cats", "Katze", "Katzen", "f"),
-  _Noun("dog", "dogs", "Hund", "Hunde", "m"),
-  _Noun("book", "books", "Buch", "Bücher", "n"),
-  _Noun("table", "tables", "Tisch", "Tische", "m"),
-  _Noun("chair", "chairs", "Stuhl", "Stühle", "m"),
-  _Noun("flower", "flowers", "Blume", "Blumen", "f"),
-  _Noun("bird", "birds", "Vogel", "Vögel", "m"),
-  _Noun("tree", "trees", "Baum", "Bäume", "m"),
-  _Noun("car", "cars", "Auto", "Autos", "n"),
-  _Noun("bottle", "bottles", "Flasche", "Flaschen", "f"),
-  _Noun("ball", "balls", "Ball", "Bälle", "m"),
-  _Noun("horse", "horses", "Pferd", "Pferde", "n"),
-  _Noun("cup", "cups", "Tasse", "Tassen", "f"),
-  _Noun("shoe", "shoes", "Schuh", "Schuhe", "m"),
-  _Noun("key", "keys", "Schlüssel", "Schlüssel", "m"),
-  _Noun("window", "windows", "Fenster", "Fenster", "n"),
-  _Noun("lamp", "lamps", "Lampe", "Lampen", "f"),
-  _Noun("egg", "eggs", "Ei", "Eier", "n"),
-  _Noun("boat", "boats", "Boot", "Boote", "n"),
-  _Noun("stone", "stones", "Stein", "Steine", "m"),
-  _Noun("door", "doors", "Tür", "Türen", "f"),
-  _Noun("clock", "clocks", "Uhr", "Uhren", "f"),
-)
-# Stems chosen so that every ending attaches without spelling changes
-# (no "teuer" -> "teure", "dunkel" -> "dunkle").
-_ADJECTIVES = (
-  _Adjective("red", "rot"), _Adjective("small", "klein"),
-  _Adjective("big", "groß"), _Adjective("old", "alt"),
-  _Adjective("new", "neu"), _Adjective("green", "grün"),
-  _Adjective("blue", "blau"), _Adjective("beautiful", "schön"),
-  _Adjective("heavy", "schwer"), _Adjective("white", "weiß"),
-  _Adjective("black", "schwarz"), _Adjective("yellow", "gelb"),
-)
-_ADJECTIVE_PROBABILITY = 0.7
 _SUBJECTS = (
   _Subject("I", "ich", "1sg"), _Subject("we", "wir", "pl"),
   _Subject("they", "sie", "pl"), _Subject("he", "er", "3sg"),
@@ -197,177 +120,9 @@ _NUMBER_FRAMES = (
   ("I counted to {}.", "Ich zählte bis {}."),
 )
 _DEFINITE_NOMINATIVE = {"m": "der", "f": "die", "n": "das"}
-# Indefinite article and adjective ending after it, by (case, gender).
-_ONE_FORMS = {
-  ("acc", "m"): ("einen", "en"), ("acc", "f"): ("eine", "e"),
-  ("acc", "n"): ("ein", "es"), ("dat", "m"): ("einem", "en"),
-  ("dat", "f"): ("einer", "en"), ("dat", "n"): ("einem", "en"),
-}
-# Strong plural adjective endings (no article before the number).
-_PLURAL_ENDINGS = {"acc": "e", "dat": "en"}
-
-
-def _check_number(n: int) -> None:
-  if isinstance(n, bool) or not isinstance(n, int):
-    raise TypeError(f"expected an int, got {type(n).__name__}")
-  if not 0 <= n <= MAX_NUMBER:
-    raise ValueError(f"number must be in 0..{MAX_NUMBER}, got {n}")
-
-
-def _english_below_100(n: int) -> str:
-  if n < 20:
-    return _EN_ONES[n]
-  tens, units = divmod(n, 10)
-  return _EN_TENS[tens] + (f"-{_EN_ONES[units]}" if units else "")
-
-
-@lru_cache(maxsize=None)
-def number_to_english(n: int) -> str:
-  """Writes a cardinal number as English words.
-
-  Uses no "and" and hyphenates 21..99, e.g. 324 -> "three hundred
-  twenty-four", 1001 -> "one thousand one".
-
-  Args:
-    n: Integer in 0..9999.
-
-  Returns:
-    The number in lower-case English words.
-
-  Raises:
-    TypeError: If ``n`` is not an int.
-    ValueError: If ``n`` is outside 0..9999.
-  """
-  _check_number(n)
-  if n == 0:
-    return "zero"
-  thousands, rest = divmod(n, 1000)
-  hundreds, below_100 = divmod(rest, 100)
-  parts = []
-  if thousands:
-    parts.append(f"{_EN_ONES[thousands]} thousand")
-  if hundreds:
-    parts.append(f"{_EN_ONES[hundreds]} hundred")
-  if below_100:
-    parts.append(_english_below_100(below_100))
-  return " ".join(parts)
-
-
-def _german_below_100(n: int) -> str:
-  if n < 20:
-    return _DE_ONES[n]
-  tens, units = divmod(n, 10)
-  if not units:
-    return _DE_TENS[tens]
-  # Inside a compound 1 loses its "s": "einundzwanzig", not "einsundzwanzig".
-  unit_word = "ein" if units == 1 else _DE_ONES[units]
-  return f"{unit_word}und{_DE_TENS[tens]}"
-
-
-@lru_cache(maxsize=None)
-def number_to_german(n: int) -> str:
-  """Writes a cardinal number as one German word (standalone form).
-
-  Uses "einhundert" / "eintausend" for 100 / 1000 and "eins" at the end,
-  e.g. 324 -> "dreihundertvierundzwanzig", 101 -> "einhunderteins".
-
-  Args:
-    n: Integer in 0..9999.
-
-  Returns:
-    The number as a single lower-case German word.
-
-  Raises:
-    TypeError: If ``n`` is not an int.
-    ValueError: If ``n`` is outside 0..9999.
-  """
-  _check_number(n)
-  if n == 0:
-    return "null"
-  thousands, rest = divmod(n, 1000)
-  hundreds, below_100 = divmod(rest, 100)
-  word = ""
-  if thousands:
-    word += ("ein" if thousands == 1 else _DE_ONES[thousands]) + "tausend"
-  if hundreds:
-    word += ("ein" if hundreds == 1 else _DE_ONES[hundreds]) + "hundert"
-  if below_100:
-    word += _german_below_100(below_100)
-  return word
-
-
-def _english_ordinal(day: int) -> str:
-  if day in _EN_IRREGULAR_ORDINALS:
-    return _EN_IRREGULAR_ORDINALS[day]
-  if day < 20:
-    return _EN_ONES[day] + "th"
-  tens, units = divmod(day, 10)
-  if not units:
-    return _EN_TENS[tens][:-1] + "ieth"  # "twenty" -> "twentieth"
-  return f"{_EN_TENS[tens]}-{_english_ordinal(units)}"
-
-
-def _german_ordinal_dative(day: int) -> str:
-  """Ordinal as used after "am": "ersten", "dritten", "zwanzigsten"."""
-  if day < 20:
-    return _DE_IRREGULAR_ORDINAL_STEMS.get(day, _DE_ONES[day]) + "ten"
-  return _german_below_100(day) + "sten"
-
-
-def _is_leap(year: int) -> bool:
-  return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-
-
-def _days_in_month(month: int, year: int | None) -> int:
-  days = _MONTHS[month][2]
-  # Without a year 29 February is allowed; with one it must be a leap year.
-  if month == 1 and year is not None and not _is_leap(year):
-    return 28
-  return days
-
-
 def _capitalize(text: str) -> str:
   # str.capitalize() would lower-case the rest ("I", German nouns).
   return text[:1].upper() + text[1:]
-
-
-def _sample_date(rng: random.Random) -> tuple[str, str]:
-  """Returns ("on the third of March", "am dritten März"), maybe + year."""
-  month = rng.randrange(12)
-  year = rng.choice(_YEARS) if rng.random() < _YEAR_PROBABILITY else None
-  day = rng.randint(1, _days_in_month(month, year))
-  month_en, month_de, _ = _MONTHS[month]
-  if rng.random() < 0.5:
-    en = f"on the {_english_ordinal(day)} of {month_en}"
-    en += f" {year}" if year is not None else ""
-  else:
-    en = f"on {month_en} {day}"
-    en += f", {year}" if year is not None else ""
-  de = f"am {_german_ordinal_dative(day)} {month_de}"
-  de += f" {year}" if year is not None else ""
-  return en, de
-
-
-def _quantity_allowed(q: int) -> bool:
-  # 101, 201, ... would need "hundertundein Apfel"-style agreement.
-  return q == 1 or (2 <= q <= MAX_NUMBER and q % 100 != 1)
-
-
-def _sample_quantity(rng: random.Random) -> int:
-  # Mostly short numbers keep sentences short; long ones are also covered
-  # by the standalone-number template.
-  while True:
-    r = rng.random()
-    if r < 0.1:
-      return 1
-    if r < 0.55:
-      q = rng.randint(2, 99)
-    elif r < 0.8:
-      q = rng.randint(100, 999)
-    else:
-      q = rng.randint(1000, MAX_NUMBER)
-    if _quantity_allowed(q):
-      return q
 
 
 def _sample_standalone_number(rng: random.Random) -> int:
@@ -378,34 +133,6 @@ def _sample_standalone_number(rng: random.Random) -> int:
   if r < 0.5:
     return rng.randint(100, 999)
   return rng.randint(1000, MAX_NUMBER)
-
-
-def _noun_phrase(q: int, adj: _Adjective | None, noun: _Noun,
-        case: str) -> tuple[str, str]:
-  """English and German noun phrase, German in ``case`` ("acc"/"dat")."""
-  en_noun = noun.en_sg if q == 1 else noun.en_pl
-  en_adj = f"{adj.en} " if adj else ""
-  en = f"{number_to_english(q)} {en_adj}{en_noun}"
-  if q == 1:
-    article, ending = _ONE_FORMS[(case, noun.gender)]
-    de_adj = f"{adj.de}{ending} " if adj else ""
-    return en, f"{article} {de_adj}{noun.de_sg}"
-  de_noun = noun.de_pl
-  if case == "dat" and not de_noun.endswith(("n", "s")):
-    de_noun += "n"  # dative plural: "Äpfeln", "Häusern"; not "Autos"
-  de_adj = f"{adj.de}{_PLURAL_ENDINGS[case]} " if adj else ""
-  return en, f"{number_to_german(q)} {de_adj}{de_noun}"
-
-
-def _sample_adjective(rng: random.Random) -> _Adjective | None:
-  return rng.choice(_ADJECTIVES) if rng.random() < _ADJECTIVE_PROBABILITY \
-    else None
-
-
-def _sample_noun_phrase(rng: random.Random, case: str) -> tuple[str, str]:
-  q = _sample_quantity(rng)
-  adj = _sample_adjective(rng)
-  return _noun_phrase(q, adj, rng.choice(_NOUNS), case)
 
 
 def _english_present(verb: _Verb, person: str) -> str:
@@ -430,7 +157,7 @@ def _template_number(rng: random.Random) -> tuple[str, str]:
 def _template_event_date(rng: random.Random) -> tuple[str, str]:
   event_en, event_de = rng.choice(_EVENTS)
   past = rng.random() < 0.5
-  date_en, date_de = _sample_date(rng)
+  date_en, date_de = sample_date(rng)
   en = f"{event_en} {'was' if past else 'is'} {date_en}."
   de = f"{event_de} {'war' if past else 'ist'} {date_de}."
   return _capitalize(en), _capitalize(de)
@@ -438,7 +165,7 @@ def _template_event_date(rng: random.Random) -> tuple[str, str]:
 
 def _template_present(rng: random.Random) -> tuple[str, str]:
   subj, verb = rng.choice(_SUBJECTS), rng.choice(_VERBS)
-  np_en, np_de = _sample_noun_phrase(rng, "acc")
+  np_en, np_de = sample_noun_phrase(rng, "acc")
   en = f"{subj.en} {_english_present(verb, subj.person)} {np_en}."
   de = f"{subj.de} {_german_present(verb, subj.person)} {np_de}."
   return _capitalize(en), _capitalize(de)
@@ -447,7 +174,7 @@ def _template_present(rng: random.Random) -> tuple[str, str]:
 def _template_there_is(rng: random.Random) -> tuple[str, str]:
   # "es gibt" takes the accusative and the location moves to the front.
   loc_en, loc_de = rng.choice(_LOCATIONS)
-  np_en, np_de = _sample_noun_phrase(rng, "acc")
+  np_en, np_de = sample_noun_phrase(rng, "acc")
   be = "is" if np_en.startswith("one ") else "are"
   return (f"There {be} {np_en} {loc_en}.",
       _capitalize(f"{loc_de} gibt es {np_de}."))
@@ -455,8 +182,8 @@ def _template_there_is(rng: random.Random) -> tuple[str, str]:
 
 def _template_past_dated(rng: random.Random) -> tuple[str, str]:
   subj, verb = rng.choice(_SUBJECTS), rng.choice(_VERBS)
-  np_en, np_de = _sample_noun_phrase(rng, "acc")
-  date_en, date_de = _sample_date(rng)
+  np_en, np_de = sample_noun_phrase(rng, "acc")
+  date_en, date_de = sample_date(rng)
   verb_de = _german_past(verb.de_past_sg, verb.de_past_pl, subj.person)
   if rng.random() < 0.5:
     # Fronted date: German is verb-second, so subject and verb swap.
@@ -472,7 +199,7 @@ def _template_past_dated(rng: random.Random) -> tuple[str, str]:
 def _template_perfect(rng: random.Random) -> tuple[str, str]:
   # The participle goes to the end of the German clause.
   subj, verb = rng.choice(_SUBJECTS), rng.choice(_VERBS)
-  np_en, np_de = _sample_noun_phrase(rng, "acc")
+  np_en, np_de = sample_noun_phrase(rng, "acc")
   have_en = "has" if subj.person == "3sg" else "have"
   have_de = {"1sg": "habe", "3sg": "hat", "pl": "haben"}[subj.person]
   en = f"{subj.en} {have_en} {verb.en_participle} {np_en}."
@@ -483,7 +210,7 @@ def _template_perfect(rng: random.Random) -> tuple[str, str]:
 def _template_with(rng: random.Random) -> tuple[str, str]:
   # "mit" takes the dative; separable particles go to the end.
   subj, verb = rng.choice(_SUBJECTS), rng.choice(_WITH_VERBS)
-  np_en, np_de = _sample_noun_phrase(rng, "dat")
+  np_en, np_de = sample_noun_phrase(rng, "dat")
   verb_de = _german_past(verb.de_past_sg, verb.de_past_pl, subj.person)
   particle = f" {verb.de_particle}" if verb.de_particle else ""
   en = f"{subj.en} {verb.en_past} with {np_en}."
@@ -492,8 +219,8 @@ def _template_with(rng: random.Random) -> tuple[str, str]:
 
 
 def _template_price(rng: random.Random) -> tuple[str, str]:
-  noun, adj = rng.choice(_NOUNS), _sample_adjective(rng)
-  q = _sample_quantity(rng)
+  noun, adj = rng.choice(NOUNS), sample_adjective(rng)
+  q = sample_quantity(rng)
   past = rng.random() < 0.5
   en_adj = f"{adj.en} " if adj else ""
   de_adj = f"{adj.de}e " if adj else ""  # weak ending after der/die/das
@@ -508,18 +235,12 @@ def _template_price(rng: random.Random) -> tuple[str, str]:
   return en, de
 
 
-def _count_dates() -> int:
-  with_year = sum(_days_in_month(m, y) for y in _YEARS for m in range(12))
-  without_year = sum(_days_in_month(m, None) for m in range(12))
-  return 2 * (with_year + without_year)  # two English date formats
-
-
 def _template_capacities() -> dict[str, int]:
   quantities = sum(
-    1 for q in range(1, MAX_NUMBER + 1) if _quantity_allowed(q))
-  noun_heads = len(_NOUNS) * (len(_ADJECTIVES) + 1)
+    1 for q in range(1, MAX_NUMBER + 1) if quantity_allowed(q))
+  noun_heads = len(NOUNS) * (len(ADJECTIVES) + 1)
   phrases = quantities * noun_heads
-  dates = _count_dates()
+  dates = count_dates()
   subj_verb = len(_SUBJECTS) * len(_VERBS)
   return {
     "number": len(_NUMBER_FRAMES) * (MAX_NUMBER + 1),

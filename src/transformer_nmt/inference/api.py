@@ -3,21 +3,26 @@ it can get, each one JSON line with its status (inference/server.py answers them
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import dataclasses
 import json
 import re
-from typing import Any, Optional
+import time
+from typing import Any, Optional, TypeVar
 
+import fastapi
 import numpy as np
 import pydantic
 from fastapi.exceptions import RequestValidationError
+from starlette.requests import ClientDisconnect
 
 RETRY_AFTER_S = 1  # what a 503 (queue full, warming up) tells the client to wait
 # Deepest nesting of arrays and objects a body may have (ours need 2). Checked before parsing:
 # json.loads recurses once per level and fails with RecursionError near 1,000.
 MAX_JSON_DEPTH = 32
 SHOWN_CHARS = 40  # the most of a client's value that an error message quotes
+Body = TypeVar('Body', bound=pydantic.BaseModel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,3 +147,81 @@ def body_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
   """The OpenAPI description of a body the endpoint reads itself (to bound its size)."""
   return {'requestBody': {'required': True, 'content': {
       'application/json': {'schema': model.model_json_schema()}}}}
+
+
+async def read_body(request: fastapi.Request, model: type[Body], limits: Limits) -> Body:
+  """The body as `model`: declared as JSON, read up to max_body_bytes before the request's
+  deadline (`request.state.deadline`, time.monotonic), UTF-8 (parsed_json)."""
+  given = request.headers.get('content-type')
+  if not is_json_type(given):
+    raise ApiError(415, 'the body must be sent as "Content-Type: application/json" (UTF-8), '
+                   f'not {shown(given) if given else "without a Content-Type"}',
+                   'content_type')
+  limit = limits.max_body_bytes
+  declared = request.headers.get('content-length', '')
+  size, chunks = int(declared) if declared.isdigit() else 0, []
+
+  async def read() -> int:
+    got = 0
+    try:
+      async for chunk in request.stream():
+        got += len(chunk)
+        if got > limit:
+          break
+        chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was whole: nobody to answer
+      raise ApiError(499, 'the client closed the request', 'disconnected') from None
+    return got
+  if size <= limit:
+    try:  # a body sent slowly (slow loris) holds its connection until the deadline only
+      size = await asyncio.wait_for(read(), request.state.deadline - time.monotonic())
+    except asyncio.TimeoutError:
+      raise ApiError(408, f'the body did not arrive within timeout_s='
+                     f'{limits.timeout_s:g} seconds', 'slow_body') from None
+  if size > limit:
+    raise ApiError(413, f'the body is over max_body_bytes={limit}', 'body_too_large')
+  data = parsed_json(b''.join(chunks))
+  try:
+    return model.model_validate(data)
+  except pydantic.ValidationError as e:
+    raise ApiError(422, one_line(e), 'invalid') from None
+
+
+
+async def client_gone(request: fastapi.Request) -> None:
+  """Returns once the client has closed the connection: the ASGI server's next message
+  after the body is `http.disconnect`."""
+  while (await request.receive())['type'] != 'http.disconnect':
+    pass
+
+def check_lines(limits: Limits, lines: list[str], field: str) -> None:
+  """A request's sentences (`field`: its name in the body) against max_sentences and
+  max_chars, and valid Unicode (no lone surrogate)."""
+  if len(lines) > limits.max_sentences:
+    raise ApiError(422, f'{field} has {len(lines)} sentences, over max_sentences='
+                   f'{limits.max_sentences}', 'limit')
+  for i, line in enumerate(lines):
+    if len(line) > limits.max_chars:
+      raise ApiError(422, f'{field}[{i}] has {len(line)} characters, over max_chars='
+                     f'{limits.max_chars}', 'limit')
+    try:
+      line.encode('utf-8')
+    except UnicodeEncodeError:
+      raise ApiError(400, f'{field}[{i}] is not valid Unicode (a lone surrogate)',
+                     'bad_json') from None
+
+
+def with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
+                     attention: bool = False) -> dict[str, Any]:
+  """One sentence's answer: its best text and hypotheses, with `source_tokens` when an
+  alignment or attention (rows: `tokens`, columns: `source_tokens`) is asked for."""
+  fields = ('text', 'score', 'logprob', 'tokens', 'token_logprobs') + (
+      ('alignment',) if alignment else ())
+  answer: dict[str, Any] = {'text': hyps[0].text if hyps else '',
+                            'hypotheses': [{f: getattr(h, f) for f in fields} for h in hyps]}
+  if attention:  # 6 decimals: the JSON about half as long, weights still to 1e-6
+    for shown, h in zip(answer['hypotheses'], hyps):
+      shown['attention'] = np.round(h.attention.astype(np.float64), 6).tolist()
+  if alignment or attention:
+    answer['source_tokens'] = source
+  return answer

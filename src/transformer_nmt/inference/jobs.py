@@ -178,7 +178,7 @@ def _write(job: DecodeJob, engine: Engine, blocks: Iterator[list[str]],
   """The blocks translated into the output: through OUTPUT.partial with `resume`, nowhere
   with `precompile`, else atomically (see `_translate_blocks` for what it returns)."""
   if job.resume:
-    from transformer_nmt import outputs
+    from transformer_nmt.inference import outputs
     with outputs.resume(job.output, resume_settings(job, engine)) as partial:
       if partial.done:
         print(f'resuming after the {partial.done} lines in {outputs.partial_path(job.output)}',

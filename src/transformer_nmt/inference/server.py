@@ -1,9 +1,8 @@
 """serve.py's HTTP API on an Engine: translations and scores as JSON, batched across requests
 by scheduler.py, with limits, an optional API key, a health check, Prometheus metrics and a
 web page. Every error is one JSON line `{"error": ...}` with a 4xx or 5xx status, never a
-traceback; no request field names a file (unknown fields are refused). Its connections
-(connection_protocol) bound slow request heads, refuse past max_connections in JSON and
-answer half-closed clients."""
+traceback; no request field names a file (unknown fields are refused). Its connections:
+connections.py."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import hmac
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -24,15 +22,10 @@ import traceback
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import fastapi
-import h11
-import numpy as np
 import prometheus_client as prom
-import pydantic
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import UserError
@@ -43,10 +36,12 @@ from transformer_nmt.inference.api import (
   ScoreRequest,
   TranslateRequest,
   body_schema,
-  is_json_type,
+  check_lines,
+  client_gone,
   one_line,
-  parsed_json,
+  read_body,
   shown,
+  with_hypotheses,
 )
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.page import PAGE
@@ -65,7 +60,7 @@ class _Item:
   prefix: str = ''  # the translation's required start
 
 
-class _Service:
+class Service:
   """What the endpoints share: the engine behind its scheduler, the limits, the metrics, the
   API key and whether warm-up has finished."""
 
@@ -166,7 +161,7 @@ class _Service:
     A task waiting on the connection hears the client leave (as Starlette's streamed
     responses listen): polling `request.is_disconnected()` four times a second kept the event
     loop holding the GIL for much of its time when many clients waited."""
-    gone = asyncio.ensure_future(_disconnect(request))
+    gone = asyncio.ensure_future(client_gone(request))
     try:
       done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED,
                                    timeout=max(request.state.deadline - time.monotonic(), 0))
@@ -238,58 +233,6 @@ class _Service:
     self.metrics.errors.labels(e.kind).inc()
     return json.dumps({'error': e.message, 'status': e.status}) + '\n'
 
-  async def parsed(self, request: fastapi.Request, model: type[pydantic.BaseModel]) -> Any:
-    """The body as `model`: declared as JSON, read up to max_body_bytes, UTF-8
-    (api.parsed_json)."""
-    given = request.headers.get('content-type')
-    if not is_json_type(given):
-      raise ApiError(415, 'the body must be sent as "Content-Type: application/json" (UTF-8), '
-                     f'not {shown(given) if given else "without a Content-Type"}',
-                     'content_type')
-    limit = self.limits.max_body_bytes
-    declared = request.headers.get('content-length', '')
-    size, chunks = int(declared) if declared.isdigit() else 0, []
-
-    async def read() -> int:
-      got = 0
-      try:
-        async for chunk in request.stream():
-          got += len(chunk)
-          if got > limit:
-            break
-          chunks.append(chunk)
-      except ClientDisconnect:  # gone before its body was whole: nobody to answer
-        raise ApiError(499, 'the client closed the request', 'disconnected') from None
-      return got
-    if size <= limit:
-      try:  # a body sent slowly (slow loris) holds its connection until the deadline only
-        size = await asyncio.wait_for(read(), request.state.deadline - time.monotonic())
-      except asyncio.TimeoutError:
-        raise ApiError(408, f'the body did not arrive within timeout_s='
-                       f'{self.limits.timeout_s:g} seconds', 'slow_body') from None
-    if size > limit:
-      raise ApiError(413, f'the body is over max_body_bytes={limit}', 'body_too_large')
-    data = parsed_json(b''.join(chunks))
-    try:
-      return model.model_validate(data)
-    except pydantic.ValidationError as e:
-      raise ApiError(422, one_line(e), 'invalid') from None
-
-  def checked(self, lines: list[str], field: str) -> None:
-    limits = self.limits
-    if len(lines) > limits.max_sentences:
-      raise ApiError(422, f'{field} has {len(lines)} sentences, over max_sentences='
-                     f'{limits.max_sentences}', 'limit')
-    for i, line in enumerate(lines):
-      if len(line) > limits.max_chars:
-        raise ApiError(422, f'{field}[{i}] has {len(line)} characters, over max_chars='
-                       f'{limits.max_chars}', 'limit')
-      try:
-        line.encode('utf-8')
-      except UnicodeEncodeError:
-        raise ApiError(400, f'{field}[{i}] is not valid Unicode (a lone surrogate)',
-                       'bad_json') from None
-
   def items(self, kind: str, lines: list[str], payloads: Optional[list[Any]] = None,
             prefixes: Optional[list[str]] = None) -> list[_Item]:
     """A request's sentences as the scheduler queues them (payloads: the lines themselves
@@ -300,13 +243,13 @@ class _Service:
             zip(lines if payloads is None else payloads, costs, prefixes or [''] * len(lines))]
 
   async def translate(self, request: fastapi.Request) -> Response:
-    body = await self.parsed(request, TranslateRequest)
-    self.checked(body.text, 'text')
+    body = await read_body(request, TranslateRequest, self.limits)
+    check_lines(self.limits, body.text, 'text')
     prefixes = body.prefix or [''] * len(body.text)
     if len(prefixes) != len(body.text):
       raise ApiError(422, f'prefix has {len(prefixes)} entries and text {len(body.text)}: '
                      'give one per sentence', 'invalid')
-    self.checked(prefixes, 'prefix')
+    check_lines(self.limits, prefixes, 'prefix')
     self.engine.check_prepared(prefixes=prefixes)  # before queueing: it fails alone
     if body.n_best > self.engine.n_best:
       raise ApiError(422, f'n_best={shown(body.n_best)} is over the '
@@ -319,7 +262,7 @@ class _Service:
     if not scored:
       answer: Callable[[Any], dict[str, Any]] = lambda text: {'text': text}
     else:
-      answer = lambda found: _with_hypotheses(found[0], found[1][:body.n_best],
+      answer = lambda found: with_hypotheses(found[0], found[1][:body.n_best],
                                               body.return_alignment, body.return_attention)
     if body.stream:
       return self.streamed(request, items, answer)
@@ -328,9 +271,9 @@ class _Service:
                          'model': self.model_info})
 
   async def score(self, request: fastapi.Request) -> Response:
-    body = await self.parsed(request, ScoreRequest)
-    self.checked(body.source, 'source')
-    self.checked(body.target, 'target')
+    body = await read_body(request, ScoreRequest, self.limits)
+    check_lines(self.limits, body.source, 'source')
+    check_lines(self.limits, body.target, 'target')
     if len(body.source) != len(body.target):
       raise ApiError(422, f'source has {len(body.source)} sentences and target '
                      f'{len(body.target)}: they must pair up', 'invalid')
@@ -391,14 +334,13 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   left alive is frozen out of garbage collection (warm_up). `api_key` guards everything but
   /health (header `Authorization: Bearer KEY`). With `mix_requests` off each batch holds one
   request's sentences (no batching across requests, to measure what that batching gains).
-  `batches_in_flight` batches run at once (Scheduler's `workers`). Its connections are
-  uvicorn's with `http=connection_protocol(app, ...)`: time limits on request heads, the
-  connection limit and half-closed clients.
+  `batches_in_flight` batches run at once (Scheduler's `workers`). Serve it with uvicorn's
+  `http=connections.connection_protocol(app, ...)`.
 
   FastAPI's /docs and /redoc are off (they load their scripts from a CDN, and no page of
   ours may need the internet); /openapi.json is served as any endpoint, behind the API key."""
   limits.check()
-  service = _Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests,
+  service = Service(engine, limits, api_key, max_wait_ms, tokens_per_batch, mix_requests,
                      batches_in_flight)
 
   @contextlib.asynccontextmanager
@@ -440,14 +382,7 @@ def make_app(engine: Engine, limits: Limits = Limits(), *, api_key: Optional[str
   return app
 
 
-async def _disconnect(request: fastapi.Request) -> None:
-  """Returns once the client has closed the connection: the ASGI server's next message
-  after the body is `http.disconnect`."""
-  while (await request.receive())['type'] != 'http.disconnect':
-    pass
-
-
-def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name: str,
+def _route(app: fastapi.FastAPI, service: Service, method: str, path: str, name: str,
            handler: Callable[[fastapi.Request], Awaitable[Response]],
            body: Optional[dict[str, Any]]) -> None:
   """`handler` at `path`, answered through `service.answered` (key, errors, metrics)."""
@@ -460,174 +395,3 @@ def _route(app: fastapi.FastAPI, service: _Service, method: str, path: str, name
   if name == 'openapi':
     extra['include_in_schema'] = False
   getattr(app, method)(path, **extra)(endpoint)
-
-
-HEADER_TIMEOUT_S = 10.0  # serve.py --header_timeout_s
-_PEER_CHECKS_S = (0.02, 1.0)  # the first and the longest wait between checks of a half-close
-
-
-def connection_protocol(app: fastapi.FastAPI, header_timeout_s: float = HEADER_TIMEOUT_S,
-                        max_connections: Optional[int] = None) -> type[asyncio.Protocol]:
-  """uvicorn's `http` for `make_app`'s app (uvicorn.Config(app, http=...)): uvicorn's
-  HTTP/1.1 connection (h11) with a time limit on request heads, `max_connections` (in place of
-  uvicorn's limit_concurrency, which must stay unset) and half-closed clients answered
-  (_Connection)."""
-  if header_timeout_s <= 0:
-    raise ValueError(f'header_timeout_s={header_timeout_s} must be positive')
-  if max_connections is not None and max_connections < 1:
-    raise ValueError(f'max_connections={max_connections} must be positive')
-  return type('Connection', (_Connection,), {'service': app.state.service,
-                                             'header_timeout_s': header_timeout_s,
-                                             'max_connections': max_connections})
-
-
-class _Connection(H11Protocol):
-  """A client's connection: uvicorn's h11 protocol with three changes.
-
-  A request head must arrive within `header_timeout_s` of the connection's start, or on a
-  kept-alive connection of the first byte after an answer; else the connection closes, with
-  a 408 JSON line if part of a head came. uvicorn bounds an idle kept-alive connection
-  (timeout_keep_alive) and the app bounds a slow body (its deadline), but nothing bounded a
-  head that never ends: such connections stayed open until they filled max_connections, and
-  then every client got 503.
-
-  Past `max_connections` open connections or requests in flight a request gets 503, one JSON
-  line with Retry-After, counted in /metrics (uvicorn's own refusal is plain text, uncounted).
-
-  A client that half-closes after its request (shutdown(SHUT_WR): no more to send, still
-  reading) gets its answer. TCP cannot tell that from a client that has gone: both send FIN,
-  on which uvicorn closed the connection, so the half-closed client got nothing. Only a write
-  tells them apart: a client that has gone answers it with a reset. So on FIN with a request
-  in flight the connection stays open, sends a probe every client must accept (an interim
-  `100 Continue` before the answer on HTTP/1.1; a space before the next line of a streamed
-  answer, as JSON allows whitespace before a value), and reads the socket's error soon after
-  and then every second: on a reset it closes, and the request hears its client leave, as
-  when the connection drops. An HTTP/1.0 request before its answer gets no probe (1xx
-  answers are not HTTP/1.0): a client of it that has gone is found once the answer is
-  written."""
-
-  service: _Service
-  header_timeout_s: float
-  max_connections: Optional[int]
-
-  def __init__(self, *args: Any, **kwargs: Any):
-    super().__init__(*args, **kwargs)
-    self._app, self.app = self.app, self._limited  # uvicorn runs `self.app` per request
-    self._head_timer: Optional[asyncio.TimerHandle] = None
-    self._peer_timer: Optional[asyncio.TimerHandle] = None
-    self._ndjson = False  # the answer under way is a stream of JSON lines
-
-  async def _limited(self, scope: Any, receive: Any, send: Any) -> None:
-    """The app, unless more than max_connections connections or requests are open (this one
-    counted): then 503, and the connection closes."""
-    limit = self.max_connections
-    if limit is not None and max(len(self.connections), len(self.tasks)) > limit:
-      refusal = self.service.error_response(ApiError(
-          503, f'busy: over max_connections={limit} connections or requests at once',
-          'connection_limit', {'Retry-After': str(RETRY_AFTER_S), 'Connection': 'close'}))
-      await refusal(scope, receive, send)
-      return
-    self._ndjson = False
-
-    async def watched(message: Any) -> None:
-      if message['type'] == 'http.response.start':
-        self._ndjson = any(name.lower() == b'content-type' and
-                           value.startswith(b'application/x-ndjson')
-                           for name, value in message.get('headers', ()))
-      await send(message)
-    await self._app(scope, receive, watched)
-
-  def connection_made(self, transport: asyncio.BaseTransport) -> None:
-    super().connection_made(transport)  # type: ignore[arg-type]
-    self._watch_head(arrived=True)  # from the connection's start
-
-  def connection_lost(self, exc: Optional[Exception]) -> None:
-    for timer in (self._head_timer, self._peer_timer):
-      if timer is not None:
-        timer.cancel()
-    super().connection_lost(exc)
-
-  def data_received(self, data: bytes) -> None:
-    super().data_received(data)
-    self._watch_head(arrived=True)
-
-  def on_response_complete(self) -> None:
-    super().on_response_complete()  # runs a pipelined request already received
-    self._watch_head(arrived=bool(self.conn.trailing_data[0])
-                     or self.conn.their_state is not h11.IDLE)
-
-  def _between_requests(self) -> bool:
-    return self.cycle is None or self.cycle.response_complete
-
-  def _watch_head(self, arrived: bool) -> None:
-    """Stops the head's clock once a request is under way; starts it between requests when
-    bytes have `arrived` (an idle kept-alive connection is uvicorn's timeout_keep_alive's)."""
-    if not self._between_requests():
-      if self._head_timer is not None:
-        self._head_timer.cancel()
-        self._head_timer = None
-    elif arrived and self._head_timer is None and not self.transport.is_closing():
-      self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
-
-  def _head_too_slow(self) -> None:
-    self._head_timer = None
-    if self.transport.is_closing() or not self._between_requests():
-      return
-    if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:  # part of a head
-      response = self.service.error_response(ApiError(
-          408, 'the request head did not arrive within '
-          f'header_timeout_s={self.header_timeout_s:g} seconds', 'slow_head',
-          {'Connection': 'close'}))
-      head = [b'HTTP/1.1 408 Request Timeout'] + [
-          name + b': ' + value for name, value in response.raw_headers]
-      self.transport.write(b'\r\n'.join(head) + b'\r\n\r\n' + response.body)
-    else:  # nothing came (a browser may open a connection ahead of need), or a body's rest
-      self.service.metrics.errors.labels('idle_connection').inc()
-    self.transport.close()
-
-  def eof_received(self) -> Optional[bool]:
-    """The client will send no more: the connection stays open while its whole request is
-    answered (and the client probed); otherwise it closes, as uvicorn's does."""
-    cycle = self.cycle
-    if (cycle is None or cycle.response_complete
-        or self.conn.their_state not in (h11.DONE, h11.MUST_CLOSE)):
-      return None
-    cycle.keep_alive = False  # closed once answered: nothing more can come
-    if not cycle.response_started and self.scope['http_version'] == '1.1':
-      cycle.waiting_for_100_continue = False
-      self.transport.write(self.conn.send(h11.InformationalResponse(
-          status_code=100, headers=[], reason=b'Continue')))
-    elif cycle.response_started and self._ndjson:
-      self.transport.write(self.conn.send(h11.Data(data=b' ')))
-    wait = _PEER_CHECKS_S[0]
-    self._peer_timer = self.loop.call_later(wait, self._check_peer, wait)
-    return True
-
-  def _check_peer(self, wait: float) -> None:
-    """Closes the connection once the socket has an error (the client reset it: it had
-    gone), until the answer is complete."""
-    self._peer_timer = None
-    if self.transport.is_closing() or self._between_requests():
-      return
-    sock = self.transport.get_extra_info('socket')
-    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-      self.transport.abort()  # connection_lost: the request hears its client leave
-      return
-    wait = min(2 * wait, _PEER_CHECKS_S[1])
-    self._peer_timer = self.loop.call_later(wait, self._check_peer, wait)
-
-
-def _with_hypotheses(source: list[str], hyps: list[Any], alignment: bool,
-                     attention: bool = False) -> dict[str, Any]:
-  """One sentence's answer: its best text and hypotheses, with `source_tokens` when an
-  alignment or attention (rows: `tokens`, columns: `source_tokens`) is asked for."""
-  fields = ('text', 'score', 'logprob', 'tokens', 'token_logprobs') + (
-      ('alignment',) if alignment else ())
-  answer: dict[str, Any] = {'text': hyps[0].text if hyps else '',
-                            'hypotheses': [{f: getattr(h, f) for f in fields} for h in hyps]}
-  if attention:  # 6 decimals: the JSON about half as long, weights still to 1e-6
-    for shown, h in zip(answer['hypotheses'], hyps):
-      shown['attention'] = np.round(h.attention.astype(np.float64), 6).tolist()
-  if alignment or attention:
-    answer['source_tokens'] = source
-  return answer

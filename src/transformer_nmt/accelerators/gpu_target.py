@@ -12,8 +12,8 @@ from typing import Any
 
 def config(kind: str) -> str:
   """The GpuTargetConfigProto text the project ships for a GPU kind ('h100')."""
-  return (importlib.resources.files('transformer_nmt') / 'gpu_targets' / f'{kind}.txtpb'
-          ).read_text()
+  shipped = importlib.resources.files('transformer_nmt.accelerators') / 'gpu_targets'
+  return (shipped / f'{kind}.txtpb').read_text()
 
 
 # cudaDeviceAttr numbers (CUDA runtime API): the clocks and bus width left cudaDeviceProp in

@@ -28,11 +28,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from transformer_nmt import marian_layout as layout
-from transformer_nmt import staging
 from transformer_nmt.config import DecodeConfig, ModelConfig
 from transformer_nmt.data.tokenizer import PieceTable, Tokenizer
-from transformer_nmt.marian_layout import MarianError
+from transformer_nmt.interop import marian_layout as layout
+from transformer_nmt.interop import staging
+from transformer_nmt.interop.marian_layout import MarianError
 
 # The options Marian's model fixes, with the value it has.
 FIXED = {'norm_position': 'post', 'positional_encoding': 'halves', 'layer_norm_epsilon': 1e-5}

@@ -36,13 +36,13 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from transformer_nmt import marian_layout as layout
-from transformer_nmt import staging
 from transformer_nmt.config import PROGRAM_SET, ModelConfig, default_config
 from transformer_nmt.data.tokenizer import PieceTable, Tokenizer
 from transformer_nmt.errors import DataError
-from transformer_nmt.marian_layout import MarianError, read_tensors  # noqa: F401 -- tests'
-from transformer_nmt.staging import Stopped  # noqa: F401 -- import_marian.py's
+from transformer_nmt.interop import marian_layout as layout
+from transformer_nmt.interop import staging
+from transformer_nmt.interop.marian_layout import MarianError, read_tensors  # noqa: F401 -- tests'
+from transformer_nmt.interop.staging import Stopped  # noqa: F401 -- import_marian.py's
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu', 'gelu': 'gelu'}
 # Options of older Marian/BART configs that change the model, with the value that does not.

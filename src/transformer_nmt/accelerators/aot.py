@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import jax
 import numpy as np
 
-from transformer_nmt import gpu_target
+from transformer_nmt.accelerators import gpu_target
 from transformer_nmt.errors import UserError
 
 if TYPE_CHECKING:  # imported where used: the chip and topology helpers stay light
