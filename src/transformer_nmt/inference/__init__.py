@@ -10,7 +10,8 @@ during training call it, and a server would; decoding/ holds the pure search it 
 asked for, so that importing the package does not load the HTTP stack (FastAPI, uvicorn).
 """
 
-from transformer_nmt.inference.engine import Engine, Hypothesis
+from transformer_nmt.inference.engine import Engine
+from transformer_nmt.inference.hypotheses import Hypothesis
 from transformer_nmt.inference.loading import LoadedModel, load_ensemble, load_workdir
 
 __all__ = ['Engine', 'Hypothesis', 'LoadedModel', 'load_ensemble', 'load_workdir', 'make_app']

@@ -28,6 +28,7 @@ from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, output_length, translate
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, heap, long_lines
+from transformer_nmt.inference.hypotheses import Hypothesis, joined
 from transformer_nmt.inference.loading import LoadedModel, load_model
 from transformer_nmt.inference.programs import ProgramStore, Unprepared, identity, jit_factory
 from transformer_nmt.workdir import Workdir
@@ -47,32 +48,6 @@ class Prepared:
   rows: int
   length: int
   score_length: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Hypothesis:
-  """One translation with the model's scores of it (forced decoding, scoring.py).
-
-  tokens, token_logprobs, alignment, attention's rows: one entry per target subword and one
-  for the final EOS; alignment holds positions in the source's subwords (`source_tokens`,
-  EOS last), which are attention's columns."""
-
-  text: str
-  score: float  # logprob / GNMT length penalty (decode.alpha), what beam search ranks by
-  logprob: float
-  tokens: list[str]
-  token_logprobs: list[float]
-  alignment: list[int]
-  # [tokens, source_tokens] float32: the last decoder layer's cross-attention, mean over
-  # heads (plots.cross_attention); alignment is its rows' argmax. Not in as_json: decode.py's
-  # n-best lines stay small.
-  attention: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.float32),
-                                            repr=False, compare=False)
-
-  def as_json(self) -> dict[str, Any]:
-    """The fields decode.py writes (all but `attention`)."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-            if f.name != 'attention'}
 
 
 class Engine:
@@ -368,7 +343,7 @@ class Engine:
       if not kept:
         kept += made  # in the search's order (its own scores, best first)
       else:  # the next piece of a long line: appended to the line's one hypothesis
-        kept[0] = _joined(kept[0], made[0], len(source), self.decode.alpha)
+        kept[0] = joined(kept[0], made[0], len(source), self.decode.alpha)
         del kept[1:]  # the first piece's alternatives do not translate the whole line
       source += src_tok.pieces(rows[p].tolist())
     return result
@@ -420,18 +395,3 @@ class Engine:
     for i, text in zip(split.owner, texts):
       result[i].append(text)
     return [' '.join(part for part in parts if part) for parts in result]
-
-
-def _joined(first: Hypothesis, then: Hypothesis, offset: int, alpha: float) -> Hypothesis:
-  """Two pieces' translations of one line as one hypothesis; `then`'s alignment shifted by
-  the `offset` source subwords before its piece, and its attention placed beside them (each
-  piece attends to its own source only: the matrix is block-diagonal)."""
-  logprob = first.logprob + then.logprob
-  tokens = first.tokens + then.tokens
-  attention = np.zeros((len(tokens), offset + then.attention.shape[1]), np.float32)
-  attention[:len(first.tokens), :offset] = first.attention
-  attention[len(first.tokens):, offset:] = then.attention
-  return Hypothesis(' '.join(t for t in (first.text, then.text) if t),
-                    logprob / float(length_penalty(len(tokens), alpha)), logprob, tokens,
-                    first.token_logprobs + then.token_logprobs,
-                    first.alignment + [a + offset for a in then.alignment], attention)

@@ -20,7 +20,8 @@ from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS, D
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import DataError
 from transformer_nmt.inference import job_io
-from transformer_nmt.inference.engine import Engine, Hypothesis
+from transformer_nmt.inference.engine import Engine
+from transformer_nmt.inference.hypotheses import Hypothesis
 from transformer_nmt.inference.loading import LoadedModel
 from transformer_nmt.inference.options import ModelOptions, with_overrides
 
