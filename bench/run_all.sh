@@ -4,9 +4,10 @@
 # Needs: pip install -r requirements-dev.txt -r bench/requirements.txt -e . (torch for
 # bench/train.py, transformers for bench/import_marian.py), ../shared/data/multi30k and
 # ../shared/data/wmt14-newstest. The GPU section comes from bench/gpu.sh on a GPU instead.
-# Run time: not measured for the whole script. Its commands were run one at a time: the four
-# serving runs took 23, 15, 4 and 21 minutes on 2026-11-29 (2 cores). Nothing else should run
-# meanwhile: every table compares figures measured minutes apart on the same cores.
+# Run time: not measured for the whole script; its commands were run one at a time (2 cores):
+# decode.py 6 min 21 s and import_marian.py 56 s (2026-12-07); the four serving runs 23, 15, 4
+# and 21 minutes (2026-11-29); so at least 70 minutes. Nothing else should run meanwhile:
+# every table compares figures measured minutes apart on the same cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workdir=${1:?usage: bash bench/run_all.sh TRAINED_WORKDIR}

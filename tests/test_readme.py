@@ -25,6 +25,7 @@ def test_readme_test_command_is_what_ci_runs():
   ci = (ROOT / '.ci' / 'run').read_text()
   command = 'pip install -r requirements-dev.txt -e . && ruff check . && python -m pytest -q'
   assert command in readme
+  assert 'python -m pytest -q -m "not slow"' in readme  # the fast tier
   assert ('pip install -q -r requirements-dev.txt -e . && ruff check . && python -m pytest -q'
           in ci)
   # users who only train or translate install requirements.txt: no test tools, no libtpu
