@@ -31,25 +31,6 @@ if 'XDG_CONFIG_HOME' not in os.environ:
   atexit.register(shutil.rmtree, os.environ['XDG_CONFIG_HOME'], ignore_errors=True)
 
 
-# The files with the longest tests, longest first. The suite runs on two workers, each taking
-# the next whole file (pyproject: --dist loadfile) in collection order: started first, these
-# no longer leave one worker running a long file alone at the end.
-LONGEST_FIRST = ('training/test_preemption.py', 'test_sharding.py', 'test_cli.py',
-                 'inference/test_programs.py', 'test_marian_export.py', 'test_recipe.py',
-                 'test_gpu_script.py', 'inference/test_server.py', 'decoding/test_decode.py',
-                 'test_marian.py', 'training/test_init_from.py', 'training/test_ema.py')
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """The files of LONGEST_FIRST before the rest, each file's tests in their order."""
-  tests = pathlib.Path(__file__).parent
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  def file_rank(item: pytest.Item) -> int:
-    inside = item.path.is_relative_to(tests)
-    return rank.get(item.path.relative_to(tests).as_posix() if inside else '', len(rank))
-  items.sort(key=file_rank)
-
-
 def shared_compile_cache(env: dict | None = None) -> dict:
   """`env` (default: this process's environment) with the suite's compilation cache."""
   return dict(os.environ if env is None else env, JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE))
