@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer_nmt.cli import config_flag_parser, main_running  # noqa: E402
-from transformer_nmt.config import DECODE  # noqa: E402
+from transformer_nmt.decoding.settings import DECODE  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (Python).')
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU slice (v5e:4x4, v5p:4x4x4) or GPU '

@@ -22,7 +22,7 @@ need with --input FILE.
 from absl import app, flags
 
 from transformer_nmt.cli import flag_parser, main_running
-from transformer_nmt.config import PRECOMPILE_LENGTH, PRECOMPILE_ROWS
+from transformer_nmt.decoding.settings import PRECOMPILE_LENGTH, PRECOMPILE_ROWS
 from transformer_nmt.inference import options
 
 options.define_model_flags()

@@ -26,7 +26,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
-from transformer_nmt.config import DECODE, MBR_UTILITIES, DecodeConfig
+from transformer_nmt.decoding.settings import DECODE, MBR_UTILITIES, DecodeConfig
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)

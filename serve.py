@@ -23,7 +23,7 @@ import signal
 from absl import app, flags
 
 from transformer_nmt.cli import flag_parser, main_running
-from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH
+from transformer_nmt.decoding.settings import DECODE, PRECOMPILE_LENGTH
 from transformer_nmt.inference import options
 
 options.define_model_flags()

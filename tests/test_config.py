@@ -2,7 +2,8 @@ import importlib
 
 import pytest
 
-from transformer_nmt.config import DECODE, default_config
+from transformer_nmt.config import default_config
+from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.typed_config import model_config_from_dict, sections, validate_config
 

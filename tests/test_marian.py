@@ -22,7 +22,7 @@ transformers = pytest.importorskip('transformers')
 
 from conftest import ROOT, shared_compile_cache  # noqa: E402
 
-from transformer_nmt.config import DecodeConfig  # noqa: E402
+from transformer_nmt.decoding.settings import DecodeConfig  # noqa: E402
 
 EN = [f'I have {n} cats and {n + 1} dogs .' for n in range(30)] + [
     'the house is red .', 'a man walks in the park .', 'we see two small birds .']

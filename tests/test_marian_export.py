@@ -22,7 +22,7 @@ transformers = pytest.importorskip('transformers')
 from conftest import ROOT, shared_compile_cache  # noqa: E402
 from test_marian import DE, EN, MAX_NEW, _padded, assert_logits_match, build_marian  # noqa: E402
 
-from transformer_nmt.config import DecodeConfig  # noqa: E402
+from transformer_nmt.decoding.settings import DecodeConfig  # noqa: E402
 
 # Close to the fitted lines, so that outputs end rather than repeat to the limit in near
 # ties, where float32 rounding on either side may choose the other token.

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from transformer_nmt.config import DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.files import atomic_output, write_atomically
 from transformer_nmt.workdir import Workdir
 

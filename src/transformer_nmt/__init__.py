@@ -13,10 +13,11 @@ The pieces researchers reuse, all pure functions or init/apply modules:
              translations), Hypothesis, load_workdir, DecodeConfig
 """
 
-from transformer_nmt.config import DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding.beam import beam_search, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import greedy_search
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import translate, translate_greedy
 from transformer_nmt.errors import ConfigError, DataError, UserError

@@ -151,7 +151,7 @@ def config_flag_parser(config_flag: Any) -> Callable[[list[str]], list[str]]:
       given = [a.split('=')[0] for a in argv if a.startswith('--config.') and key in a]
       hint = f'; did you mean {suggestion}?' if suggestion else ''
       fail(f'{given[0] if given else key}: no such config option{hint} (every option and its '
-           'default: src/transformer_nmt/config.py)')
+           'default: src/transformer_nmt/config.py; decode.*: decoding/settings.py)')
   return parse
 
 

@@ -3,20 +3,20 @@
 An experiment config (`configs/*.py`, an ml_collections ConfigDict so that command lines can
 override it) starts from `default_config()`, which is built from the frozen dataclasses below:
 `model` (ModelConfig, a static jit argument once the tokenizer fixes the vocabulary), `data`,
-`train`, `eval` and `decode` (the defaults of decode.py, recipe.py and the library's
-translators). A program turns its config into these typed sections once
-(`typed_config.validate_config`); the library takes them, never the ConfigDict.
+`train`, `eval` and `decode` (decoding/settings.py's DecodeConfig, beside the search it
+sets: the defaults of decode.py, recipe.py and the library's translators). A program turns
+its config into these typed sections once (`typed_config.validate_config`); the library takes
+them, never the ConfigDict.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
 
 import ml_collections
 
-from transformer_nmt.errors import ConfigError
+from transformer_nmt.decoding.settings import DecodeConfig
+from transformer_nmt.errors import check, check_positive, is_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,51 +99,35 @@ class ModelConfig:
 
   def validate(self) -> ModelConfig:
     """Raises ConfigError naming the option when a value is out of range."""
-    _check(self.d_model > 0 and self.d_ff > 0 and self.num_layers > 0 and self.num_heads > 0,
+    check(self.d_model > 0 and self.d_ff > 0 and self.num_layers > 0 and self.num_heads > 0,
            'model.d_model, model.d_ff, model.num_layers and model.num_heads must be positive')
     for name in ('num_encoder_layers', 'num_decoder_layers'):
       value = getattr(self, name)
-      _check(value >= 0, f'model.{name}={value} must be 0 (model.num_layers) or positive')
-    _check(self.d_model % self.num_heads == 0,
+      check(value >= 0, f'model.{name}={value} must be 0 (model.num_layers) or positive')
+    check(self.d_model % self.num_heads == 0,
            f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}')
     for name in ('residual_dropout', 'embedding_dropout', 'attention_dropout', 'relu_dropout',
                  'source_word_dropout', 'target_word_dropout'):
       rate = getattr(self, name)
-      _check(0.0 <= rate < 1.0, f'model.{name}={rate} must be in [0, 1)')
-    _check(self.dropout_bits in (16, 32),
+      check(0.0 <= rate < 1.0, f'model.{name}={rate} must be in [0, 1)')
+    check(self.dropout_bits in (16, 32),
            f'model.dropout_bits={self.dropout_bits} must be 16 or 32')
-    _check(self.norm_position in ('post', 'pre'),
+    check(self.norm_position in ('post', 'pre'),
            f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
-    _check(self.positional_encoding in POSITIONAL_ENCODINGS,
+    check(self.positional_encoding in POSITIONAL_ENCODINGS,
            f'model.positional_encoding={self.positional_encoding!r} must be one of '
            f'{list(POSITIONAL_ENCODINGS)}')
-    _check(self.activation in ACTIVATIONS,
+    check(self.activation in ACTIVATIONS,
            f'model.activation={self.activation!r} must be one of {list(ACTIVATIONS)}')
-    _check(self.dtype in ('float32', 'bfloat16'),
+    check(self.dtype in ('float32', 'bfloat16'),
            f"model.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
-    _check(self.layer_norm_epsilon > 0, 'model.layer_norm_epsilon must be positive')
-    _check(self.d_model % 2 == 0, 'model.d_model must be even for sinusoidal positions')
+    check(self.layer_norm_epsilon > 0, 'model.layer_norm_epsilon must be positive')
+    check(self.d_model % 2 == 0, 'model.d_model must be even for sinusoidal positions')
     return self
 
 
 POSITIONAL_ENCODINGS = ('interleaved', 'concat', 'halves')
 ACTIVATIONS = ('relu', 'swish', 'gelu')  # model.activation (model/layers.py)
-
-
-def _check(ok: bool, message: str) -> None:
-  """ConfigError(message) unless `ok`."""
-  if not ok:
-    raise ConfigError(message)
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(section: str, obj: Any, *names: str) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    _check(value > 0, f'{section}.{name}={value} must be positive')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,27 +186,27 @@ class DataConfig:
   prefetch: int = 4
 
   def validate(self) -> DataConfig:
-    _positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
-    _check(self.source in ('text', 'tfds', 'demo'),
+    check_positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
+    check(self.source in ('text', 'tfds', 'demo'),
            f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
     for extra in ('extra_train', 'extra_test'):
       srcs, tgts = getattr(self, f'{extra}_src'), getattr(self, f'{extra}_tgt')
-      _check(len(srcs) == len(tgts), f'data.{extra}_src and data.{extra}_tgt pair up one to '
+      check(len(srcs) == len(tgts), f'data.{extra}_src and data.{extra}_tgt pair up one to '
              f'one, but list {len(srcs)} and {len(tgts)} files')
-      _check(all(srcs) and all(tgts),
+      check(all(srcs) and all(tgts),
              f'data.{extra}_src and data.{extra}_tgt list an empty file name')
-    _check(self.source == 'text' or not self.extra_train_src,
+    check(self.source == 'text' or not self.extra_train_src,
            f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
-    _check(self.prefetch >= 0, f'data.prefetch={self.prefetch} must be 0 (no background '
+    check(self.prefetch >= 0, f'data.prefetch={self.prefetch} must be 0 (no background '
            'thread) or the number of batches built ahead')
-    _check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
+    check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
            '(0 = no subword sampling)')
-    _check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '
+    check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '
            'be -1 (all segmentations) or positive')
-    _check(len(self.demo_sizes) == 3 and all(_is_int(n) and n >= 0 for n in self.demo_sizes)
+    check(len(self.demo_sizes) == 3 and all(is_int(n) and n >= 0 for n in self.demo_sizes)
            and self.demo_sizes[0] > 0, f'data.demo_sizes={self.demo_sizes} must be three '
            'counts of demo pairs (train, valid, test): train at least 1, the others 0 or more')
-    _check(not self.pack_length or self.pack_length >= self.max_len,
+    check(not self.pack_length or self.pack_length >= self.max_len,
            f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
            f'data.max_len={self.max_len}, so that every pair fits in a row')
     return self
@@ -280,27 +264,27 @@ class TrainConfig:
   init_from: str = ''
 
   def validate(self) -> TrainConfig:
-    _positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',
+    check_positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',
               'checkpoint_every', 'keep_checkpoints', 'adam_eps', 'learning_rate_multiplier')
     for name in ('label_smoothing', 'adam_b1', 'adam_b2'):
       value = getattr(self, name)
-      _check(0.0 <= value < 1.0, f'train.{name}={value} must be in [0, 1)')
-    _check(self.clip_grad_norm >= 0, f'train.clip_grad_norm={self.clip_grad_norm} must be 0 '
+      check(0.0 <= value < 1.0, f'train.{name}={value} must be in [0, 1)')
+    check(self.clip_grad_norm >= 0, f'train.clip_grad_norm={self.clip_grad_norm} must be 0 '
            '(off) or positive')
-    _check(self.weight_decay >= 0, f'train.weight_decay={self.weight_decay} must be 0 (off) or '
+    check(self.weight_decay >= 0, f'train.weight_decay={self.weight_decay} must be 0 (off) or '
            'positive')
-    _check(self.global_batch_tokens >= 0, f'train.global_batch_tokens={self.global_batch_tokens}'
+    check(self.global_batch_tokens >= 0, f'train.global_batch_tokens={self.global_batch_tokens}'
            ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
-    _check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
+    check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
            'devices) or positive')
-    _check(0 <= self.cooldown_steps <= self.num_steps,
+    check(0 <= self.cooldown_steps <= self.num_steps,
            f'train.cooldown_steps={self.cooldown_steps} must be 0 (off) or at most '
            f'train.num_steps={self.num_steps}')
-    _check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
-    _check(0.0 <= self.ema_decay < 1.0, f'train.ema_decay={self.ema_decay} must be in [0, 1) '
+    check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
+    check(0.0 <= self.ema_decay < 1.0, f'train.ema_decay={self.ema_decay} must be in [0, 1) '
            '(0 = off)')
     window = tuple(self.profile_steps)
-    _check(not window or (len(window) == 2 and all(isinstance(x, int) and x >= 1 for x in window)
+    check(not window or (len(window) == 2 and all(isinstance(x, int) and x >= 1 for x in window)
                           and window[0] + window[1] - 1 <= self.num_steps),
            f'train.profile_steps={window} must be () or (first step, number of steps) with '
            f'positive integers ending by train.num_steps={self.num_steps}')
@@ -315,103 +299,10 @@ class EvalConfig:
   bleu_sentences: int = 500  # validation sentences decoded for BLEU at each eval (0 = all)
 
   def validate(self) -> EvalConfig:
-    _check(self.bleu_sentences >= 0, f'eval.bleu_sentences={self.bleu_sentences} must be 0 '
+    check(self.bleu_sentences >= 0, f'eval.bleu_sentences={self.bleu_sentences} must be 0 '
            '(all) or positive')
     return self
 
-
-BEAM_STOPS = ('bound', 'k_finished')
-MBR_UTILITIES = ('bleu', 'chrf')  # decode.mbr, besides 'off' (decoding/mbr.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-  """Translating (paper §6.1: beam 4, length penalty alpha 0.6, outputs up to input + 50)."""
-
-  beam_size: int = 4  # 1 = greedy
-  alpha: float = 0.6  # length penalty exponent
-  max_extra_len: int = 50  # output limit = input length + this
-  tokens_per_batch: int = 4096  # padded source tokens per batch
-  # Decoding and scoring pad sentences up to a geometric grid of lengths with this growth,
-  # rounded up to multiples of 8 (1.5: 8, 16, 24, 40, 64, ...); compiled programs are per grid
-  # length, batch size and cache stage. This grid rather than the training buckets' (1.25 in
-  # multiples of 4) compiles fewer programs for Multi30k's valid and test sets, so a run
-  # starts sooner, with identical outputs.
-  length_growth: float = 1.5
-  # Lines of more source subwords than this (EOS included) are translated in pieces split at
-  # sentence ends (inference/long_lines.py): a model trained on shorter lines ends early on
-  # longer ones. 0: the run's data.max_len, the longest line it trained on.
-  split_len: int = 0
-  # Longest source in subword tokens (EOS included), 4x the default data.max_len: a sentence
-  # longer than this is cut into pieces of this length (counted on stderr); keeps memory
-  # bounded whatever the input.
-  max_input_len: int = 1024
-  # Steps between checks for finished sentences (and, with `compact`, between compactions).
-  # 6 decodes as fast as 4 and compiles fewer programs, so a first run ends sooner; 8 compiles
-  # fewer still but decodes slower.
-  chunk: int = 6
-  compact: bool = True  # drop finished sentences from a batch every `chunk` steps
-  # 'bound': a sentence ends once no live beam can beat its best finished hypothesis
-  # (tensor2tensor, the paper); 'k_finished': also once beam_size hypotheses have finished
-  # (OpenNMT, CTranslate2; fewer steps).
-  beam_stop: str = 'bound'
-  temperature: float = 0.0  # > 0: sample instead of searching (research extra)
-  top_k: int = 0  # when sampling, only from the k likeliest tokens (0 = all)
-  seed: int = 0  # sampling seed
-  # Output controls, all off (0) as in the paper: at least `min_len` and at most `max_len`
-  # subwords before EOS (max_len also bounds input length + max_extra_len), and no n-gram of
-  # `no_repeat_ngram` subwords twice in one output.
-  min_len: int = 0
-  max_len: int = 0
-  no_repeat_ngram: int = 0
-  # 'off' (the paper: the likeliest hypothesis) or a sentence-level utility, 'bleu' or 'chrf':
-  # minimum Bayes risk choice among the beam's beam_size finished hypotheses (decoding/mbr.py).
-  mbr: str = 'off'
-  # On a CPU: compile the decoding programs without XLA's YNNPACK reductions, whose order of
-  # summation depends on the tensor's shape, so that a sentence's translation and scores do not
-  # depend on the batch it shares (serve.py answers as decode.py does with it too). Off by default:
-  # large batches decode slower with it. No effect on other backends, or where XLA_FLAGS sets
-  # xla_cpu_experimental_ynn_fusion_type itself.
-  batch_invariant: bool = False
-
-  def validate(self) -> DecodeConfig:
-    """Raises ConfigError naming the first option out of range (flags and config.json alike:
-    a NaN, an infinity or a negative count would otherwise run every line to its length limit
-    and still exit 0)."""
-    _check(0 <= self.alpha < math.inf,  # NaN fails every comparison
-           f'decode.alpha={self.alpha} must be a finite number, 0 or more')
-    _check(0 <= self.temperature < math.inf,
-           f'decode.temperature={self.temperature} must be a finite number, 0 (search) or more')
-    _positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
-    _check(1 < self.length_growth < math.inf,
-           f'decode.length_growth={self.length_growth} must be a number above 1')
-    _check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
-           'least 2 (a token and EOS)')
-    for name in ('split_len', 'max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):
-      value = getattr(self, name)
-      _check(value >= 0, f'decode.{name}={value} must be 0 (off) or positive')
-    for field in dataclasses.fields(self):  # the programs take them as 32-bit integers
-      value = getattr(self, field.name)
-      _check(not _is_int(value) or abs(value) < 2 ** 31,
-             f'decode.{field.name}={value} must be below 2**31')
-    _check(self.beam_stop in BEAM_STOPS,
-           f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
-    _check(not self.max_len or self.min_len <= self.max_len,
-           f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
-    _check(self.mbr in ('off',) + MBR_UTILITIES,
-           f'decode.mbr={self.mbr!r} must be one of {["off", *MBR_UTILITIES]}')
-    _check(self.mbr == 'off' or self.temperature == 0, f'decode.mbr={self.mbr!r} chooses among '
-           'beam search hypotheses: it needs decode.temperature=0')
-    return self
-
-
-DECODE = DecodeConfig()  # the decoding defaults, for the library's signatures
-# The small jobs whose decoding programs `decode.py --precompile` makes besides its input's
-# (Engine.precompile): up to this many sentences of up to this many source subwords, EOS
-# included. 16 x 64 covers every line of Multi30k's test sets; after these programs a short
-# job compiles nothing.
-PRECOMPILE_ROWS = 16
-PRECOMPILE_LENGTH = 64
 
 PROGRAM_SET = ('vocab_size', 'src_vocab_size')  # model options the tokenizer decides
 SECTIONS = {'data': DataConfig, 'train': TrainConfig, 'eval': EvalConfig, 'decode': DecodeConfig}

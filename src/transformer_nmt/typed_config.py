@@ -16,12 +16,12 @@ from transformer_nmt.config import (
   MOVED,
   SECTIONS,
   DataConfig,
-  DecodeConfig,
   EvalConfig,
   ModelConfig,
   TrainConfig,
   default_config,
 )
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.errors import ConfigError
 
 

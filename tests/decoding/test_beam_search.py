@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, beam_search, greedy_search, init_params, length_penalty
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.search import cache_stages
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import translate
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from transformer_nmt import ModelConfig, Transformer, init_params
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import (
   CompactingDecoder,
@@ -17,6 +16,7 @@ from transformer_nmt.decoding.compaction import (
   take_rows,
 )
 from transformer_nmt.decoding.search import greedy
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, translate
 from transformer_nmt.inference.programs import ProgramStore, identity, jit_factory

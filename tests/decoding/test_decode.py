@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import train_tokenizer
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.errors import DataError
 from transformer_nmt.inference import Engine, load_workdir
 from transformer_nmt.inference.loading import average_params

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.errors import DataError
 from transformer_nmt.inference import Engine, load_ensemble
 from transformer_nmt.inference import loading as loading_lib

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from transformer_nmt.config import DECODE, DecodeConfig
 from transformer_nmt.decoding.beam import beam, length_penalty
 from transformer_nmt.decoding.scoring import Scorer
 from transformer_nmt.decoding.search import Prefix, decode_loop
+from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.inference import Engine
 from transformer_nmt.model.attention import NEG_INF

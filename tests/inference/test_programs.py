@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import Engine, heap, programs
 from transformer_nmt.inference.programs import ProgramStore, StoredJit, identity

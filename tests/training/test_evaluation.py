@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from transformer_nmt.config import DecodeConfig
 from transformer_nmt.data import batching as data_lib
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.inference import Engine, load_workdir
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.training.evaluation import Evaluator, subset

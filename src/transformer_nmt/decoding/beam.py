@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import DECODE
 from transformer_nmt.decoding.search import (
   BeamCache,
   LogitsFn,
@@ -30,6 +29,7 @@ from transformer_nmt.decoding.search import (
   halving_sums,
   padded_length,
 )
+from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.topk import top_k
 from transformer_nmt.model import sums

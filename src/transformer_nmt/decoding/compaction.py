@@ -24,8 +24,8 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from transformer_nmt.config import DECODE
 from transformer_nmt.decoding.search import Jit, LogitsFn, Search, cache_stages, plain_jit
+from transformer_nmt.decoding.settings import DECODE
 
 
 def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import sacrebleu
 
-from transformer_nmt.config import MBR_UTILITIES
+from transformer_nmt.decoding.settings import MBR_UTILITIES
 
 
 def _metric(utility: str) -> sacrebleu.metrics.base.Metric:

@@ -17,11 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import DECODE, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.search import Jit, plain_jit
+from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.model.transformer import Transformer, last_cross_attention
 
 

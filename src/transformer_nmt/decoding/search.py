@@ -16,8 +16,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.config import DECODE
 from transformer_nmt.decoding import topk
+from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.model.attention import NEG_INF
 
@@ -218,7 +218,7 @@ class Search:
 
 def constrain(logits: jax.Array, ids: jax.Array, t: jax.Array, at_limit: jax.Array, *,
               eos_id: int, min_len: int = 0, no_repeat_ngram: int = 0) -> jax.Array:
-  """The output controls (config.DecodeConfig; all off by default, as in the paper) on the
+  """The output controls (settings.DecodeConfig; all off by default, as in the paper) on the
   logits [N, V] of step t for hypotheses ids [N, L] (tokens before t): EOS is impossible
   before `min_len` subwords, unless the hypothesis is `at_limit` ([N] bool, where EOS is
   forced), and so is every token that would repeat an n-gram of `no_repeat_ngram` subwords."""

@@ -1,6 +1,6 @@
 """What one search does, as one frozen value: made and validated once, passed whole.
 
-The decode section of a run's config (config.DecodeConfig: beam size, length penalty, length
+The decode section of a run's config (settings.DecodeConfig: beam size, length penalty, length
 limits, stopping rule, sampling, output controls) says how to search; the tokenizer says
 which ids begin, end and pad an output; the caller says how many hypotheses per sentence it
 wants back. A `SearchSpec` holds the three, checked together where it is made, and the search
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformer_nmt.config import DECODE, DecodeConfig
+from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.errors import ConfigError
 
 

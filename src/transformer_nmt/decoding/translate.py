@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import beam
 from transformer_nmt.decoding.compaction import CompactingDecoder
@@ -26,6 +26,7 @@ from transformer_nmt.decoding.search import (
   padded_length,
   plain_jit,
 )
+from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 
 # (cfg, params, src [B, S], src_segments [B, S], cache length) -> (logits_fn, initial cache)

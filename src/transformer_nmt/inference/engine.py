@@ -16,7 +16,6 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.config import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import length_penalty
@@ -24,6 +23,7 @@ from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
 from transformer_nmt.decoding.search import compiler_options, halving_sums
+from transformer_nmt.decoding.settings import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, output_length, translate
 from transformer_nmt.errors import ConfigError

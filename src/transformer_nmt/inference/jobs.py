@@ -16,8 +16,13 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from transformer_nmt.cli import CompileCounter
-from transformer_nmt.config import DECODE, PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.settings import (
+  DECODE,
+  PRECOMPILE_LENGTH,
+  PRECOMPILE_ROWS,
+  DecodeConfig,
+)
 from transformer_nmt.errors import DataError
 from transformer_nmt.inference import job_io
 from transformer_nmt.inference.engine import Engine

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.inference import host_cpu, snapshots
 from transformer_nmt.workdir import Workdir

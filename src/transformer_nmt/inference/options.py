@@ -13,7 +13,7 @@ from typing import Any, Optional
 from absl import flags
 
 from transformer_nmt.cli import use_compile_cache
-from transformer_nmt.config import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
+from transformer_nmt.decoding.settings import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.inference import heap
 from transformer_nmt.inference.loading import LoadedModel, load_model

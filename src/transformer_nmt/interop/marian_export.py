@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from transformer_nmt.config import DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.data.tokenizer import PieceTable, Tokenizer
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.interop import marian_layout as layout
 from transformer_nmt.interop import staging
 from transformer_nmt.interop.marian_layout import MarianError

@@ -9,9 +9,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from transformer_nmt.config import DECODE, DecodeConfig, ModelConfig
+from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.inference import Engine, LoadedModel
 from transformer_nmt.metrics import corpus_bleu
 from transformer_nmt.model.transformer import Transformer

@@ -15,7 +15,8 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from transformer_nmt.checkpoint import Checkpointer
-from transformer_nmt.config import DataConfig, DecodeConfig
+from transformer_nmt.config import DataConfig
+from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.files import write_atomically
 from transformer_nmt.inference import Engine, LoadedModel, load_workdir
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
