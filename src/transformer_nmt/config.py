@@ -100,27 +100,27 @@ class ModelConfig:
   def validate(self) -> ModelConfig:
     """Raises ConfigError naming the option when a value is out of range."""
     check(self.d_model > 0 and self.d_ff > 0 and self.num_layers > 0 and self.num_heads > 0,
-           'model.d_model, model.d_ff, model.num_layers and model.num_heads must be positive')
+          'model.d_model, model.d_ff, model.num_layers and model.num_heads must be positive')
     for name in ('num_encoder_layers', 'num_decoder_layers'):
       value = getattr(self, name)
       check(value >= 0, f'model.{name}={value} must be 0 (model.num_layers) or positive')
     check(self.d_model % self.num_heads == 0,
-           f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}')
+          f'model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}')
     for name in ('residual_dropout', 'embedding_dropout', 'attention_dropout', 'relu_dropout',
                  'source_word_dropout', 'target_word_dropout'):
       rate = getattr(self, name)
       check(0.0 <= rate < 1.0, f'model.{name}={rate} must be in [0, 1)')
     check(self.dropout_bits in (16, 32),
-           f'model.dropout_bits={self.dropout_bits} must be 16 or 32')
+          f'model.dropout_bits={self.dropout_bits} must be 16 or 32')
     check(self.norm_position in ('post', 'pre'),
-           f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
+          f"model.norm_position={self.norm_position!r} must be 'post' or 'pre'")
     check(self.positional_encoding in POSITIONAL_ENCODINGS,
-           f'model.positional_encoding={self.positional_encoding!r} must be one of '
-           f'{list(POSITIONAL_ENCODINGS)}')
+          f'model.positional_encoding={self.positional_encoding!r} must be one of '
+          f'{list(POSITIONAL_ENCODINGS)}')
     check(self.activation in ACTIVATIONS,
-           f'model.activation={self.activation!r} must be one of {list(ACTIVATIONS)}')
+          f'model.activation={self.activation!r} must be one of {list(ACTIVATIONS)}')
     check(self.dtype in ('float32', 'bfloat16'),
-           f"model.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
+          f"model.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
     check(self.layer_norm_epsilon > 0, 'model.layer_norm_epsilon must be positive')
     check(self.d_model % 2 == 0, 'model.d_model must be even for sinusoidal positions')
     return self
@@ -188,27 +188,27 @@ class DataConfig:
   def validate(self) -> DataConfig:
     check_positive('data', self, 'tokens_per_batch', 'max_len', 'vocab_size')
     check(self.source in ('text', 'tfds', 'demo'),
-           f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
+          f"data.source={self.source!r} must be 'text', 'tfds' or 'demo'")
     for extra in ('extra_train', 'extra_test'):
       srcs, tgts = getattr(self, f'{extra}_src'), getattr(self, f'{extra}_tgt')
       check(len(srcs) == len(tgts), f'data.{extra}_src and data.{extra}_tgt pair up one to '
-             f'one, but list {len(srcs)} and {len(tgts)} files')
+            f'one, but list {len(srcs)} and {len(tgts)} files')
       check(all(srcs) and all(tgts),
-             f'data.{extra}_src and data.{extra}_tgt list an empty file name')
+            f'data.{extra}_src and data.{extra}_tgt list an empty file name')
     check(self.source == 'text' or not self.extra_train_src,
-           f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
+          f"data.extra_train_src needs data.source='text' (it is {self.source!r})")
     check(self.prefetch >= 0, f'data.prefetch={self.prefetch} must be 0 (no background '
-           'thread) or the number of batches built ahead')
+          'thread) or the number of batches built ahead')
     check(0.0 <= self.spm_alpha <= 1.0, f'data.spm_alpha={self.spm_alpha} must be in [0, 1] '
-           '(0 = no subword sampling)')
+          '(0 = no subword sampling)')
     check(self.spm_nbest == -1 or self.spm_nbest >= 1, f'data.spm_nbest={self.spm_nbest} must '
-           'be -1 (all segmentations) or positive')
+          'be -1 (all segmentations) or positive')
     check(len(self.demo_sizes) == 3 and all(is_int(n) and n >= 0 for n in self.demo_sizes)
-           and self.demo_sizes[0] > 0, f'data.demo_sizes={self.demo_sizes} must be three '
-           'counts of demo pairs (train, valid, test): train at least 1, the others 0 or more')
+          and self.demo_sizes[0] > 0, f'data.demo_sizes={self.demo_sizes} must be three '
+          'counts of demo pairs (train, valid, test): train at least 1, the others 0 or more')
     check(not self.pack_length or self.pack_length >= self.max_len,
-           f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
-           f'data.max_len={self.max_len}, so that every pair fits in a row')
+          f'data.pack_length={self.pack_length} must be 0 (no packing) or at least '
+          f'data.max_len={self.max_len}, so that every pair fits in a row')
     return self
 
 
@@ -265,21 +265,21 @@ class TrainConfig:
 
   def validate(self) -> TrainConfig:
     check_positive('train', self, 'num_steps', 'warmup_steps', 'log_every', 'eval_every',
-              'checkpoint_every', 'keep_checkpoints', 'adam_eps', 'learning_rate_multiplier')
+                   'checkpoint_every', 'keep_checkpoints', 'adam_eps', 'learning_rate_multiplier')
     for name in ('label_smoothing', 'adam_b1', 'adam_b2'):
       value = getattr(self, name)
       check(0.0 <= value < 1.0, f'train.{name}={value} must be in [0, 1)')
     check(self.clip_grad_norm >= 0, f'train.clip_grad_norm={self.clip_grad_norm} must be 0 '
-           '(off) or positive')
+          '(off) or positive')
     check(self.weight_decay >= 0, f'train.weight_decay={self.weight_decay} must be 0 (off) or '
-           'positive')
+          'positive')
     check(self.global_batch_tokens >= 0, f'train.global_batch_tokens={self.global_batch_tokens}'
-           ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
+          ' must be 0 (one batch of data.tokens_per_batch per update) or positive')
     check(self.fsdp_devices >= 0, f'train.fsdp_devices={self.fsdp_devices} must be 0 (all '
-           'devices) or positive')
+          'devices) or positive')
     check(0 <= self.cooldown_steps <= self.num_steps,
-           f'train.cooldown_steps={self.cooldown_steps} must be 0 (off) or at most '
-           f'train.num_steps={self.num_steps}')
+          f'train.cooldown_steps={self.cooldown_steps} must be 0 (off) or at most '
+          f'train.num_steps={self.num_steps}')
     check(self.patience >= 0, f'train.patience={self.patience} must be 0 (off) or positive')
     check(0.0 <= self.ema_decay < 1.0, f'train.ema_decay={self.ema_decay} must be in [0, 1) '
            '(0 = off)')
@@ -300,7 +300,7 @@ class EvalConfig:
 
   def validate(self) -> EvalConfig:
     check(self.bleu_sentences >= 0, f'eval.bleu_sentences={self.bleu_sentences} must be 0 '
-           '(all) or positive')
+          '(all) or positive')
     return self
 
 

@@ -68,29 +68,29 @@ class DecodeConfig:
     a NaN, an infinity or a negative count would otherwise run every line to its length limit
     and still exit 0)."""
     check(0 <= self.alpha < math.inf,  # NaN fails every comparison
-           f'decode.alpha={self.alpha} must be a finite number, 0 or more')
+          f'decode.alpha={self.alpha} must be a finite number, 0 or more')
     check(0 <= self.temperature < math.inf,
-           f'decode.temperature={self.temperature} must be a finite number, 0 (search) or more')
+          f'decode.temperature={self.temperature} must be a finite number, 0 (search) or more')
     check_positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
     check(1 < self.length_growth < math.inf,
-           f'decode.length_growth={self.length_growth} must be a number above 1')
+          f'decode.length_growth={self.length_growth} must be a number above 1')
     check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
-           'least 2 (a token and EOS)')
+          'least 2 (a token and EOS)')
     for name in ('split_len', 'max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):
       value = getattr(self, name)
       check(value >= 0, f'decode.{name}={value} must be 0 (off) or positive')
     for field in dataclasses.fields(self):  # the programs take them as 32-bit integers
       value = getattr(self, field.name)
       check(not is_int(value) or abs(value) < 2 ** 31,
-             f'decode.{field.name}={value} must be below 2**31')
+            f'decode.{field.name}={value} must be below 2**31')
     check(self.beam_stop in BEAM_STOPS,
-           f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
+          f'decode.beam_stop={self.beam_stop!r} must be one of {list(BEAM_STOPS)}')
     check(not self.max_len or self.min_len <= self.max_len,
-           f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
+          f'decode.min_len={self.min_len} must not exceed decode.max_len={self.max_len}')
     check(self.mbr in ('off',) + MBR_UTILITIES,
-           f'decode.mbr={self.mbr!r} must be one of {["off", *MBR_UTILITIES]}')
+          f'decode.mbr={self.mbr!r} must be one of {["off", *MBR_UTILITIES]}')
     check(self.mbr == 'off' or self.temperature == 0, f'decode.mbr={self.mbr!r} chooses among '
-           'beam search hypotheses: it needs decode.temperature=0')
+          'beam search hypotheses: it needs decode.temperature=0')
     return self
 
 
