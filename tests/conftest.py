@@ -53,17 +53,35 @@ def parallel_files(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
   return src, tgt
 
 
-@pytest.fixture(scope='session')
-def tiny_workdir(tmp_path_factory) -> pathlib.Path:
-  """A workdir trained for 20 steps on the tiny config (checkpoints at steps 10 and 20)."""
+def _train_tiny(workdir: pathlib.Path) -> None:
   import subprocess
   import sys
-  workdir = tmp_path_factory.mktemp('tiny') / 'run'
   result = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py',
                            '--workdir', str(workdir)], cwd=ROOT, env=shared_compile_cache(),
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
-  return workdir
+
+
+@pytest.fixture(scope='session')
+def tiny_workdir(tmp_path_factory, worker_id) -> pathlib.Path:
+  """A workdir trained for 20 steps on the tiny config (checkpoints at steps 10 and 20).
+
+  Trained once per test session: under pytest-xdist the first worker to ask trains it in the
+  session's shared temporary directory (the others wait on a lock), and each worker gets a
+  copy of its own, since tests write into it (decode.py keeps its programs there)."""
+  import fcntl
+  own = tmp_path_factory.mktemp('tiny') / 'run'
+  if worker_id == 'master':  # no xdist: nothing to share
+    _train_tiny(own)
+    return own
+  shared = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
+  with open(shared / 'tiny_run.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (shared / 'tiny_run.done').exists():
+      _train_tiny(shared / 'tiny_run')
+      (shared / 'tiny_run.done').touch()
+  shutil.copytree(shared / 'tiny_run', own, symlinks=True)
+  return own
 
 
 @pytest.fixture(scope='module')

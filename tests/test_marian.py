@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
-from conftest import ROOT, shared_compile_cache  # noqa: E402
+from conftest import ROOT  # noqa: E402
 
 from transformer_nmt.decoding.settings import DecodeConfig  # noqa: E402
 
@@ -334,43 +334,6 @@ def test_unsupported_variants_are_refused_by_name():
                        ({'decoder_ffn_dim': 32}, 'encoder_ffn_dim=16 differs')):
     with pytest.raises(MarianError, match=says.replace('(', r'\(').replace(')', r'\)')):
       model_config({**base, **change})
-
-
-@pytest.mark.slow
-def test_train_py_fine_tunes_the_imported_model_with_its_tokenizers(workdir, parallel_files,
-                                                                    tmp_path):
-  """configs/finetune.py:W takes W's model options and tokenizers (copied, piece table and
-  all); a few steps at a small learning rate move its parameters a little from W's (a
-  fresh start would be far from them)."""
-  from transformer_nmt.checkpoint import Checkpointer
-  src, tgt = parallel_files
-  tuned = tmp_path / 'tuned'
-  result = subprocess.run(
-      [sys.executable, 'train.py', '--config', f'configs/finetune.py:{workdir}', '--workdir',
-       str(tuned), f'--config.data.train_src={src}', f'--config.data.train_tgt={tgt}',
-       f'--config.data.valid_src={src}', f'--config.data.valid_tgt={tgt}',
-       '--config.train.num_steps=3', '--config.train.warmup_steps=1',
-       '--config.train.cooldown_steps=0', '--config.train.learning_rate_multiplier=0.01',
-       '--config.train.eval_every=3', '--config.train.checkpoint_every=3',
-       '--config.eval.bleu_sentences=4', '--config.data.tokens_per_batch=512'],
-      cwd=ROOT, env=shared_compile_cache(), capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  for name in ('spm.src.model', 'spm.tgt.model', 'vocab.json'):
-    assert (tuned / name).read_bytes() == (workdir / name).read_bytes()
-  assert 'Starting from the weights of' in result.stderr
-
-  def params(run: pathlib.Path, step: int):
-    ckpt = Checkpointer(run / 'checkpoints', read_only=True)
-    try:
-      return ckpt.restore_params(step)
-    finally:
-      ckpt.close()
-
-  before, after = params(workdir, 0), params(tuned, 3)
-  assert after['final_logits_bias'].shape == before['final_logits_bias'].shape
-  moved = np.abs(after['encoder_layers_0']['ffn']['wi']['kernel']
-                 - before['encoder_layers_0']['ffn']['wi']['kernel']).max()
-  assert 0 < moved < 0.05
 
 
 def test_piece_table_decoding_matches_marian_tokenizer(marian_dir, loaded):

@@ -263,6 +263,15 @@ def test_export_marian_py_refuses_a_pre_ln_model_in_one_line(tmp_path):
   assert 'Traceback' not in result.stderr and not out.parent.exists()
 
 
+def _params(run: pathlib.Path, step: int) -> dict:
+  from transformer_nmt.checkpoint import Checkpointer
+  ckpt = Checkpointer(run / 'checkpoints', read_only=True)
+  try:
+    return ckpt.restore_params(step)
+  finally:
+    ckpt.close()
+
+
 def _worked_example() -> list[str]:
   """The shell commands of docs/training.md's round trip, joined across backslashes."""
   text = (ROOT / 'docs' / 'training.md').read_text()
@@ -277,7 +286,9 @@ def _worked_example() -> list[str]:
 def test_the_worked_round_trip_of_the_docs_runs(tmp_path):
   """docs/training.md's commands, on a tiny random OPUS-MT model in place of the download
   and a few lines of text, with a few steps of fine-tuning: each succeeds, and transformers
-  loads the export and translates with it."""
+  loads the export and translates with it. configs/finetune.py:W takes W's model options and
+  tokenizers (copied, piece table and all); a few steps at a small learning rate move its
+  parameters a little from W's (a fresh start would be far from them)."""
   commands = _worked_example()
   assert commands[0].startswith('hf download Helsinki-NLP/')
   build_marian(tmp_path / 'opus-mt-en-de')
@@ -293,10 +304,21 @@ def test_the_worked_round_trip_of_the_docs_runs(tmp_path):
       line += (' --config.train.num_steps=2 --config.train.warmup_steps=1'
                ' --config.train.cooldown_steps=0 --config.train.eval_every=2'
                ' --config.train.checkpoint_every=2 --config.eval.bleu_sentences=4'
-               ' --config.data.tokens_per_batch=512')
+               ' --config.data.tokens_per_batch=512'
+               ' --config.train.learning_rate_multiplier=0.01')  # a small move, checked below
     result = subprocess.run(line, shell=True, cwd=tmp_path,
                             env={**shared_compile_cache(), 'HF_HUB_OFFLINE': '1'},
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (line, result.stderr[-3000:])
+    if line.startswith('python train.py'):
+      assert 'Starting from the weights of' in result.stderr
+  imported, tuned = tmp_path / 'runs' / 'opus_en_de', tmp_path / 'runs' / 'opus_tuned'
+  for name in ('spm.src.model', 'spm.tgt.model', 'vocab.json'):
+    assert (tuned / name).read_bytes() == (imported / name).read_bytes()
+  before, after = _params(imported, 0), _params(tuned, 2)
+  assert after['final_logits_bias'].shape == before['final_logits_bias'].shape
+  moved = np.abs(after['encoder_layers_0']['ffn']['wi']['kernel']
+                 - before['encoder_layers_0']['ffn']['wi']['kernel']).max()
+  assert 0 < moved < 0.05
   assert (tmp_path / 'opus-mt-en-de-tuned' / 'model.safetensors').exists()
   assert result.stdout.startswith("['") and result.stdout.strip() != "['']", result.stdout

@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -89,48 +88,10 @@ def test_train_py_runs_fsdp_on_8_devices_with_packing(tmp_path):
   assert 'sentences/s' in decoded.stderr
   resumed = subprocess.run([sys.executable, 'train.py', '--config', 'configs/tiny.py',
                             '--workdir', str(tmp_path / 'run'), '--config.train.num_steps=12',
-                            *model],
+                            '--config.eval.bleu_sentences=0', *model],  # decoded above
                            cwd=ROOT, env=single, capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'Resumed from checkpoint at step 10' in resumed.stderr
-
-
-def _free_port() -> int:
-  import socket
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-@pytest.mark.slow
-def test_two_processes_train_like_one_process_with_two_devices(tmp_path):
-  import json
-  flags = ['--config', 'configs/tiny.py', '--config.train.num_steps=6',
-           '--config.train.log_every=1', '--config.train.eval_every=6']
-  cpu = dict(os.environ, JAX_PLATFORMS='cpu')
-  cpu.pop('XLA_FLAGS', None)
-  address = f'127.0.0.1:{_free_port()}'
-  procs = [subprocess.Popen([sys.executable, 'train.py', *flags, '--workdir', str(tmp_path / 'mp'),
-                             f'--coordinator_address={address}', '--num_processes=2',
-                             f'--process_id={i}'], cwd=ROOT, env=cpu, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outputs = [p.communicate(timeout=300)[1] for p in procs]
-  for p, err in zip(procs, outputs):
-    assert p.returncode == 0, err[-3000:]
-  # Both processes report the same losses (they hold the same replicated parameters).
-  steps = [[line.split('|')[1] for line in err.splitlines() if 'step 6/6' in line]
-           for err in outputs]
-  assert steps[0] == steps[1] and steps[0]
-  assert (tmp_path / 'mp' / 'checkpoints' / '6').exists()
-
-  two_devices = dict(cpu, XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  single = subprocess.run([sys.executable, 'train.py', *flags, '--workdir', str(tmp_path / 'sp')],
-                          cwd=ROOT, env=two_devices, capture_output=True, text=True, timeout=300)
-  assert single.returncode == 0, single.stderr[-3000:]
-  read = lambda d: [json.loads(line)['train_loss'] for line in (tmp_path / d / 'metrics.jsonl')
-                    .read_text().splitlines() if 'train_loss' in line]
-  assert len(read('mp')) == 6  # only process 0 writes metrics
-  np.testing.assert_allclose(read('mp'), read('sp'), rtol=1e-5)
 
 
 def test_device_mesh_axes_and_a_bad_fsdp_size():

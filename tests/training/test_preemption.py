@@ -1,5 +1,7 @@
 """Stopping on SIGTERM or Ctrl-C: a flag checked at step boundaries and between evaluation
-batches; on two processes, both stop at the same step with one complete checkpoint."""
+batches; on two processes, both stop at the same step with one complete checkpoint, and
+resumed they train as one process with two devices does (multi-host training, tested here
+once for both)."""
 
 import json
 import os
@@ -67,6 +69,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+TINY_RUN = ['train.py', '--config', 'configs/tiny.py', '--config.train.log_every=1',
+            '--config.train.eval_every=1000', '--config.train.checkpoint_every=1000',
+            '--config.eval.bleu_sentences=0']  # the losses are compared, not translations
+
+
 def _two_processes(workdir: pathlib.Path, logs: pathlib.Path, *flags: str) -> list:
   """train.py on two processes, their logs in `logs`; a compilation cache of their own (the
   suite's is for one process at a time), so that later pairs load what the first compiled."""
@@ -77,16 +84,16 @@ def _two_processes(workdir: pathlib.Path, logs: pathlib.Path, *flags: str) -> li
   for i in range(2):
     with open(logs / f'stderr{i}', 'w') as err:
       procs.append(subprocess.Popen(
-          [sys.executable, 'train.py', '--config', 'configs/tiny.py', '--workdir', str(workdir),
-           '--config.train.log_every=1', '--config.train.eval_every=1000',
-           '--config.train.checkpoint_every=1000', *flags, f'--coordinator_address={address}',
-           '--num_processes=2', f'--process_id={i}'],
+          [sys.executable, *TINY_RUN, '--workdir', str(workdir), *flags,
+           f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
           cwd=ROOT, env=env, stderr=err, stdout=subprocess.DEVNULL))
   return procs
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path):
+def test_two_processes_stop_together_and_train_like_one_process_with_two_devices(tmp_path):
+  """SIGTERM to one of two processes stops both at one step with one complete checkpoint;
+  resumed, the pair's losses are those of one process with two devices run straight through."""
   workdir = tmp_path / 'mp'
   procs = _two_processes(workdir, tmp_path, '--config.train.num_steps=1000')
   _wait_for(tmp_path / 'stderr1', 'step 5/1000')
@@ -102,16 +109,24 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path):
   assert [s for s in saved if s.isdigit()] == [str(step)], saved  # one complete checkpoint,
   assert not [s for s in saved if 'tmp' in s], saved  # nothing unfinished beside it
 
-  # Resumed on two processes, the next steps' losses are those of an uninterrupted run.
   end = f'--config.train.num_steps={step + 3}'
   procs = _two_processes(workdir, tmp_path, end)
   assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / 'stderr0').read_text()[-2000:]
+  # Both processes report the same losses (they hold the same replicated parameters).
+  last = [[line.split('|')[1] for line in (tmp_path / f'stderr{i}').read_text().splitlines()
+           if f'step {step + 3}/{step + 3}' in line] for i in range(2)]
+  assert last[0] and last[0] == last[1], last
   straight = tmp_path / 'straight'
-  procs = _two_processes(straight, tmp_path, end)
-  assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / 'stderr0').read_text()[-2000:]
+  env = dict(shared_compile_cache(), JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  single = subprocess.run([sys.executable, *TINY_RUN, '--workdir', str(straight), end], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+  assert single.returncode == 0, single.stderr[-3000:]
   resumed, expected = _losses(workdir), _losses(straight)
-  later = range(step + 1, step + 4)
-  np.testing.assert_allclose([resumed[s] for s in later], [expected[s] for s in later], rtol=1e-6)
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['step'] for r in rows if 'train_loss' in r] == list(range(1, step + 4))  # process 0's
+  np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
+                             [expected[s] for s in sorted(resumed)], rtol=1e-5)
 
 
 @pytest.mark.slow
