@@ -227,14 +227,15 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
 
 @pytest.mark.slow
 def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
-  """Engine.precompile makes the programs of every batch of up to 8 rows (1, 2, 4, 8) at
-  each grid length up to max_length, through every cache stage: later jobs of up to 8 lines
-  of such lengths compile nothing and give the outputs of an engine that compiled."""
+  """Engine.precompile makes the programs of every batch of up to 4 rows (1, 2, 4) at each
+  grid length up to max_length, through every cache stage: later jobs of such batches (the
+  8 lines run as two batches of 4) compile nothing and give the outputs of an engine that
+  compiled."""
   assert max(len(ids) + 1 for ids in loaded.src_tok.encode(lines)) <= 40
   decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=14)  # past the first stage
   first = _engine(loaded, tmp_path, decode)
-  assert first.precompile(max_rows=8, max_length=40) == 16  # 1-8 rows at 8, 16, 24, 40
-  assert first.store.saved > 16  # a start program per shape and a step per cache stage
+  assert first.precompile(max_rows=4, max_length=40) == 12  # 1-4 rows at 8, 16, 24, 40
+  assert first.store.saved > 12  # a start program per shape and a step per cache stage
   jobs = [lines[:1], lines[2:5], lines]
   again = _engine(loaded, tmp_path, decode)
   rows, batch = [], again._batch
