@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer_nmt.cli import config_flag_parser, main_running  # noqa: E402
-from transformer_nmt.decoding.settings import DECODE  # noqa: E402
+from transformer_nmt.inference import options  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/base.py', 'Config file (Python).')
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU slice (v5e:4x4, v5p:4x4x4) or GPU '
@@ -40,7 +40,7 @@ _BATCH = flags.DEFINE_integer('batch', 0, 'Global rows per step; 0 = the config\
                               '--length, rounded down to a multiple of the chips.')
 _DECODE = flags.DEFINE_bool('decode', False, 'Compile the encoder and one decoder step of beam '
                             'search instead of the train step.')
-_BEAM = flags.DEFINE_integer('beam_size', DECODE.beam_size, 'With --decode: beams per sentence.')
+options.define_decode_flags(('beam_size',))  # with --decode; default: the config's
 _CACHE = flags.DEFINE_integer('cache_length', 0, 'With --decode: self-attention cache '
                               'positions; 0 = --length + decode.max_extra_len.')
 _BUDGET = flags.DEFINE_float('budget', 1.0, 'Fraction of the chip\'s HBM the program may use.')
@@ -117,7 +117,8 @@ def run() -> None:
   devices, chip = aot.topology_devices(_TOPOLOGY.value)
   rows = _rows(config, len(devices))
   if _DECODE.value:
-    programs = aot.decoding_programs(config, devices, rows, _LENGTH.value, _BEAM.value,
+    beam = options.with_overrides(config.decode, options.decode_overrides(('beam_size',)))
+    programs = aot.decoding_programs(config, devices, rows, _LENGTH.value, beam.beam_size,
                                      _CACHE.value)
   else:
     programs = [aot.train_program(config, devices, rows, _LENGTH.value)]

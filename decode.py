@@ -67,7 +67,7 @@ _JOB_FLAGS = ('input', 'output', 'reference', 'score_reference', 'prefix', 'form
 
 
 def run() -> None:
-  from transformer_nmt.inference import jobs
+  from transformer_nmt.decode_job import jobs
   job = {name: getattr(flags.FLAGS, name) for name in _JOB_FLAGS}
   jobs.run(jobs.DecodeJob(options.model_options(), options.decode_overrides(), **job))
 

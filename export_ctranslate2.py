@@ -11,14 +11,13 @@ import sys
 from absl import app, flags
 
 from transformer_nmt.cli import fail, flag_parser, main_running
+from transformer_nmt.inference.options import checkpoint_choice, define_checkpoint_flags
 from transformer_nmt.interop.ctranslate2 import QUANTIZATIONS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Output directory for the CTranslate2 model.',
                            required=True)
-_CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
-_AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints.')
-_BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
+define_checkpoint_flags()  # --checkpoint, --best, --ema, --average_last
 _QUANTIZATION = flags.DEFINE_enum('quantization', None, list(QUANTIZATIONS),
                                   'Weight type in the export (default: float32); bfloat16 '
                                   'needs torch.')
@@ -37,7 +36,7 @@ def run() -> None:
   out = pathlib.Path(_OUT.value)
   if out.exists() and any(out.iterdir()):
     fail(f'--out={out} exists and is not empty; choose a new directory')
-  model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+  model = load_workdir(_WORKDIR.value, checkpoint_choice())
   export(model.cfg, model.params, model.src_tok, model.tgt_tok, out, _QUANTIZATION.value)
   print(f'wrote CTranslate2 model of checkpoint step(s) {model.steps} to {out}', file=sys.stderr)
 

@@ -27,15 +27,14 @@ try:  # the imports take seconds, in which a Ctrl-C is likeliest: one line, not 
   from absl import app, flags
 
   from transformer_nmt.cli import flag_parser, main_running
+  from transformer_nmt.inference.options import checkpoint_choice, define_checkpoint_flags
 except KeyboardInterrupt:
   _interrupted()
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained (or imported) workdir.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'New directory for the Marian checkpoint (must not '
                            'exist or be empty).', required=True)
-_CHECKPOINT = flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
-_AVERAGE = flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints.')
-_BEST = flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
+define_checkpoint_flags()  # --checkpoint, --best, --ema, --average_last
 
 
 def run() -> None:
@@ -46,7 +45,7 @@ def run() -> None:
     from transformer_nmt.interop.staging import Stopped
     from transformer_nmt.workdir import Workdir
     check_exportable(Workdir(_WORKDIR.value).read_model_config())  # before loading weights
-    model = load_workdir(_WORKDIR.value, _CHECKPOINT.value, _AVERAGE.value, _BEST.value)
+    model = load_workdir(_WORKDIR.value, checkpoint_choice())
     export_model(model.cfg, model.params, model.src_tok, model.tgt_tok, model.decode,
                  _OUT.value)
   except KeyboardInterrupt as stop:  # main_running would exit without a word

@@ -5,20 +5,19 @@ encoder-decoder attention heatmaps of its first sentences.
         --input ../shared/data/multi30k/test2016.en --sentences 3
 """
 
-import dataclasses
 import pathlib
 import sys
 
 from absl import app, flags
 
 from transformer_nmt.cli import flag_parser, main_running
+from transformer_nmt.inference import options
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _OUT = flags.DEFINE_string('out_dir', None, 'Where the PNGs go (default: WORKDIR/plots).')
 _INPUT = flags.DEFINE_string('input', None, 'Source sentences for attention heatmaps.')
 _SENTENCES = flags.DEFINE_integer('sentences', 3, 'How many sentences to plot.')
-_BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the translations plotted '
-                             "(default: the run's decode.beam_size).")
+options.define_decode_flags(('beam_size',))  # of the translations plotted
 
 
 def run() -> None:
@@ -37,8 +36,7 @@ def run() -> None:
     from transformer_nmt.inference import Engine, load_workdir
     model = load_workdir(workdir)
     lines = [line for line in data_lib.read_lines(_INPUT.value) if line][:_SENTENCES.value]
-    beam = model.decode.beam_size if _BEAM.value is None else _BEAM.value
-    decode = dataclasses.replace(model.decode, beam_size=beam).validate()
+    decode = options.with_overrides(model.decode, options.decode_overrides(('beam_size',)))
     hyps = Engine(model, decode).translate(lines)
     paths += plots.plot_cross_attention(model, lines, hyps, out, _SENTENCES.value)
   for path in paths:

@@ -27,13 +27,15 @@ from ml_collections import config_flags
 
 from transformer_nmt.cli import config_flag_parser, fail, main_running
 from transformer_nmt.decoding.settings import DECODE, MBR_UTILITIES, DecodeConfig
+from transformer_nmt.inference import options
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_1h.py', 'Config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Training workdir.', required=True)
 _RESULTS = flags.DEFINE_string('results', 'docs/RESULTS.md', 'Markdown file to append a row to.')
 _PLOTS = flags.DEFINE_string('plots_dir', 'docs/plots', 'PNGs go to PLOTS_DIR/<workdir name>/.')
-_BEAM = flags.DEFINE_integer('beam_size', None, 'Beam size for the alpha search and the test '
-                             'sets (default: the config\'s decode.beam_size).')
+# The search of the alpha trials and of the test sets (decode.py's flags of the same names)
+SEARCH_FLAGS = ('beam_size', 'batch_tokens')
+options.define_decode_flags(SEARCH_FLAGS)
 # Beyond 1.0 too, with one value past the usual best so that a choice at 1.5 is bracketed:
 # Multi30k de->en with alpha 1.0 came out 2.4% short of the reference length on validation.
 # Steps of 0.25 around the best (2026-11-26): both Multi30k recipes choose 1.25 or 1.5, 0.2-0.3
@@ -44,8 +46,6 @@ _MBR = flags.DEFINE_list('mbr', list(MBR_UTILITIES), 'Minimum Bayes risk utiliti
                          'bleu, chrf) tried on validation at the best length penalty; empty: '
                          'none.')
 _AVERAGE = flags.DEFINE_integer('average_last', 5, 'Candidate: mean of the last N checkpoints.')
-_BATCH_TOKENS = flags.DEFINE_integer('batch_tokens', None, 'Padded source tokens per batch '
-                                     '(default: the config\'s decode.tokens_per_batch).')
 _ATTENTION = flags.DEFINE_integer('attention_sentences', 3, 'Test sentences to plot.')
 _SWEEP = flags.DEFINE_bool('sweep', False, 'A sweep run: validation only. The test sets are '
                            'not decoded and the row says so; with data.source=text they are not '
@@ -64,9 +64,9 @@ def checked_run() -> None:
     fail(f'--alphas={",".join(_ALPHAS.value)}: each must be a finite number, 0 or more')
   if not set(_MBR.value) <= set(MBR_UTILITIES):
     fail(f'--mbr={",".join(_MBR.value)}: expected utilities among {",".join(MBR_UTILITIES)}')
-  if any(v is not None and v < 1 for v in (_BEAM.value, _BATCH_TOKENS.value)) or \
-      _AVERAGE.value < 0:
-    fail('--beam_size and --batch_tokens must be positive, --average_last non-negative')
+  if _AVERAGE.value < 0:
+    fail(f'--average_last={_AVERAGE.value} must be 0 or positive')
+  options.with_overrides(DECODE, options.decode_overrides(SEARCH_FLAGS))  # before training
   run(alphas)
 
 
@@ -128,8 +128,7 @@ def _select(decode: DecodeConfig, workdir: pathlib.Path, valid: tuple,
   """results.select with the config's search settings and this command's flags."""
   from transformer_nmt.training import selection as report
   from transformer_nmt.workdir import Workdir
-  given = {'beam_size': _BEAM.value, 'tokens_per_batch': _BATCH_TOKENS.value}
-  decode = dataclasses.replace(decode, **{k: v for k, v in given.items() if v is not None})
+  decode = options.with_overrides(decode, options.decode_overrides(SEARCH_FLAGS))
   # decode.py searches with the workdir's own section: programs of other settings (flags
   # here, defaults changed since training) would only take disk space
   own = decode == Workdir(workdir).read_sections().decode

@@ -2,7 +2,7 @@
 
 The model, search settings, stored programs and ensembles are decode.py's (the same flags).
 Sentences of concurrent requests share batches (up to --batch_tokens, waiting at most
---max_wait_ms to fill one). The API (inference/server.py, docs/decoding.md "Serving"):
+--max_wait_ms to fill one). The API (serving/server.py, docs/decoding.md "Serving"):
 
   POST /v1/translate  {"text": ["Ein Hund läuft."], "n_best": 1, "return_scores": false,
                        "prefix": ["A dog"], "stream": false}
@@ -75,9 +75,9 @@ def run() -> None:
   import uvicorn
 
   from transformer_nmt.errors import DataError
-  from transformer_nmt.inference.connections import connection_protocol
   from transformer_nmt.inference.engine import Engine
-  from transformer_nmt.inference.server import Limits, make_app
+  from transformer_nmt.serving.connections import connection_protocol
+  from transformer_nmt.serving.server import Limits, make_app
 
   f, m = flags.FLAGS, options.model_options()
   limits = Limits(f.max_chars, f.max_sentences, f.max_body_bytes, f.timeout_s,
@@ -113,7 +113,7 @@ def run() -> None:
   # uvicorn stops gracefully on SIGTERM, then raises the signal again for the handler it
   # found: a no-op, so that a requested stop exits 0 (not 143) once in-flight requests end
   signal.signal(signal.SIGTERM, lambda *_: None)
-  # our connections (inference/connections.py) bound slow heads and refuse past
+  # our connections (serving/connections.py) bound slow heads and refuse past
   # --max_connections with our JSON 503 (not uvicorn's limit_concurrency, plain text)
   uvicorn.run(server, host=f.host, port=f.port, log_level='warning',
               http=connection_protocol(server, f.header_timeout_s, f.max_connections))

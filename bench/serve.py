@@ -314,7 +314,7 @@ def explain(lines: list[str], reference: list[str], differing: dict[int, str]) -
     return []
   from transformer_nmt import Engine, load_workdir  # here: the load generator runs without JAX
   model = load_workdir(_WORKDIR.value)
-  engine = Engine(model, dataclasses.replace(model.decode, beam_size=_BEAM.value).validate())
+  engine = Engine(model, dataclasses.replace(model.decode, beam_size=_BEAM.value))
   index = sorted(differing)
   sources = [lines[i] for i in index]
   ours = engine.score(sources, [differing[i] for i in index])

@@ -19,7 +19,8 @@ import common
 from absl import app, flags
 
 from transformer_nmt import DecodeConfig, Engine, load_workdir
-from transformer_nmt.inference import LoadedModel, make_app
+from transformer_nmt.inference import LoadedModel
+from transformer_nmt.serving import make_app
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Trained workdir.', required=True)
 _PORT = flags.DEFINE_integer('port', 8081, 'Port on 127.0.0.1.')
@@ -76,7 +77,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   import uvicorn
   model = load_workdir(_WORKDIR.value)
-  decode = dataclasses.replace(model.decode, beam_size=_BEAM.value).validate()
+  decode = dataclasses.replace(model.decode, beam_size=_BEAM.value)
   with tempfile.TemporaryDirectory(prefix='serve_ct2_') as directory:
     common.export_ctranslate2(_WORKDIR.value, directory)
     engine = CTranslate2Engine(model, decode, directory, _COMPUTE.value, _IN_FLIGHT.value)

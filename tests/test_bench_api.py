@@ -1,11 +1,11 @@
 """bench/ runs on the public API, so that a change inside the engine leaves the benchmarks
 running: from transformer_nmt a script imports only what a module lists in `__all__`
-(transformer_nmt, transformer_nmt.inference), never a private name, and it patches nothing
-of the library: no attribute of a transformer_nmt module, class or object is assigned, no
-private method of a transformer_nmt class is overridden, no attribute is set by name
-(setattr), and neither unittest.mock nor pytest's monkeypatch is used. Code in string
-constants (the `python -c` jobs) is checked alike. The checker is tested on small cases of
-each kind first."""
+(transformer_nmt, transformer_nmt.inference, transformer_nmt.serving), never a private name,
+and it patches nothing of the library: no attribute of a transformer_nmt module, class or
+object is assigned, no private method of a transformer_nmt class is overridden, no attribute
+is set by name (setattr), and neither unittest.mock nor pytest's monkeypatch is used. Code in
+string constants (the `python -c` jobs) is checked alike. The checker is tested on small cases
+of each kind first."""
 
 import ast
 import importlib
@@ -131,7 +131,7 @@ def violations(source: str, where: str = '<bench>') -> list[str]:
 
 @pytest.mark.parametrize('source,expected', [
     ('from transformer_nmt import Engine, load_workdir\n', []),
-    ('from transformer_nmt.inference import make_app\n', []),
+    ('from transformer_nmt.serving import make_app\n', []),
     ('from transformer_nmt.inference.engine import Engine\n', ['exports nothing']),
     ('from transformer_nmt.decoding.translate import _cached\n', ['private name']),
     ('from transformer_nmt.inference import Prepared\n', ['does not export']),

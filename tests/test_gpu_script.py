@@ -1,7 +1,6 @@
 """bench/gpu.py, the prepared GPU device run, on this CPU with --smoke: its steps run and
 report, and a step that overruns the deadline is stopped and recorded while the run goes on
-and still writes its results. The training-speed step (torch.compile on a CPU takes minutes)
-is marked slow."""
+and still writes its results. The training-speed step is marked slow."""
 
 import json
 import subprocess

@@ -233,7 +233,7 @@ def test_the_engine_n_best_scores_and_the_server_work_on_the_imported_model(load
   from fastapi.testclient import TestClient
 
   from transformer_nmt.inference.engine import Engine
-  from transformer_nmt.inference.server import make_app
+  from transformer_nmt.serving.server import make_app
   engine = Engine(loaded, DecodeConfig(beam_size=2, alpha=0.0, max_extra_len=MAX_NEW,
                                        max_len=MAX_NEW - 1), n_best=2)
   texts = engine.translate(LINES)

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, shared_compile_cache
 
 from transformer_nmt.checkpoint import Checkpointer, loop_state
-from transformer_nmt.inference import load_workdir
+from transformer_nmt.inference import CheckpointChoice, load_workdir
 from transformer_nmt.metrics import read_metrics
 from transformer_nmt.plots import plot_learning_curves, series
 from transformer_nmt.training.selection import RESULTS_HEADER, append_row
@@ -27,7 +27,7 @@ def test_best_checkpoint_is_the_highest_validation_bleu(tiny_workdir):
   top = max(r['eval_bleu'] for r in rows)
   assert step == max(r['step'] for r in rows if r['eval_bleu'] == top)  # ties: the later
   best.close()
-  assert load_workdir(tiny_workdir, best=True).steps == [step]
+  assert load_workdir(tiny_workdir, CheckpointChoice(best=True)).steps == [step]
 
 
 def test_best_checkpointer_keeps_the_highest_metric_not_the_latest(tmp_path):
@@ -145,6 +145,9 @@ def test_recipe_rejects_bad_flags(tmp_path):
   result = run_recipe(tmp_path / 'run', tmp_path, '--mbr', 'bleu,ter')
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   assert 'error: --mbr=bleu,ter: expected utilities among bleu,chrf' in result.stderr
+  result = run_recipe(tmp_path / 'run', tmp_path, '--beam_size', '0')  # decode.py's flag, checked
+  assert result.returncode == 2 and 'Traceback' not in result.stderr  # as decode.py checks it
+  assert 'error: --beam_size=0 must be positive' in result.stderr
   assert not (tmp_path / 'run').exists()
 
 

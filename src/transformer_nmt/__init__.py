@@ -10,7 +10,7 @@ The pieces researchers reuse, all pure functions or init/apply modules:
   decoding:  SearchSpec, greedy_search, beam_search, length_penalty, translate,
              translate_greedy, Scorer
   a trained workdir: Engine (load, translate, n-best hypotheses with scores, score of given
-             translations), Hypothesis, load_workdir, DecodeConfig
+             translations), Hypothesis, load_workdir, CheckpointChoice, DecodeConfig
 """
 
 from transformer_nmt.config import ModelConfig
@@ -21,7 +21,7 @@ from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import translate, translate_greedy
 from transformer_nmt.errors import ConfigError, DataError, UserError
-from transformer_nmt.inference import Engine, Hypothesis, load_workdir
+from transformer_nmt.inference import CheckpointChoice, Engine, Hypothesis, load_workdir
 from transformer_nmt.model.attention import (
                                        KVCache,
                                        MultiHeadAttention,
@@ -39,11 +39,11 @@ from transformer_nmt.training.steps import eval_step, train_step
 from transformer_nmt.typed_config import model_config_from_dict
 
 __all__ = [
-    'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Engine', 'Hypothesis', 'KVCache',
-    'ModelConfig', 'MultiHeadAttention', 'Scorer', 'SearchSpec', 'TrainState', 'Transformer',
-    'UserError', 'attention_weights', 'beam_search', 'causal_mask', 'count_params',
-    'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search', 'init_params',
-    'length_penalty', 'load_workdir', 'make_optimizer', 'model_config_from_dict', 'padding_mask',
-    'rsqrt_warmup', 'sinusoidal_positions', 'smoothed_cross_entropy', 'train_step', 'translate',
-    'translate_greedy',
+    'CheckpointChoice', 'ConfigError', 'DataError', 'DecodeConfig', 'DecoderCache', 'Engine',
+    'Hypothesis', 'KVCache', 'ModelConfig', 'MultiHeadAttention', 'Scorer', 'SearchSpec',
+    'TrainState', 'Transformer', 'UserError', 'attention_weights', 'beam_search', 'causal_mask',
+    'count_params', 'create_train_state', 'dot_product_attention', 'eval_step', 'greedy_search',
+    'init_params', 'length_penalty', 'load_workdir', 'make_optimizer', 'model_config_from_dict',
+    'padding_mask', 'rsqrt_warmup', 'sinusoidal_positions', 'smoothed_cross_entropy', 'train_step',
+    'translate', 'translate_greedy',
 ]

@@ -13,8 +13,8 @@ from conftest import ROOT
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.data.tokenizer import train_tokenizer
 from transformer_nmt.decoding.settings import DecodeConfig
-from transformer_nmt.errors import DataError
-from transformer_nmt.inference import Engine, load_workdir
+from transformer_nmt.errors import ConfigError, DataError
+from transformer_nmt.inference import CheckpointChoice, Engine, load_workdir
 from transformer_nmt.inference.loading import average_params
 from transformer_nmt.inference.long_lines import pieces
 
@@ -31,11 +31,22 @@ def test_lines(tiny_workdir):
 
 def test_loads_latest_and_averages(tiny_workdir, loaded):
   assert loaded.steps == [20]
-  both = load_workdir(tiny_workdir, average_last=2)
+  both = load_workdir(tiny_workdir, CheckpointChoice(average_last=2))
   assert both.steps == [10, 20]
-  ten = load_workdir(tiny_workdir, checkpoint=10)
+  ten = load_workdir(tiny_workdir, CheckpointChoice(step=10))
   table = lambda m: m.params['tgt_embed']['embedding']
   np.testing.assert_allclose(table(both), (table(ten) + table(loaded)) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize('choice, message', [
+    ({'average_last': -1}, '--average_last=-1 must be 0 or positive'),
+    ({'best': True, 'step': 10}, '--best picks one checkpoint'),
+    ({'best': True, 'average_last': 2}, '--best picks one checkpoint'),
+    ({'step': 10, 'average_last': 2}, 'either --checkpoint or --average_last')])
+def test_a_checkpoint_choice_is_checked_when_made(choice, message):
+  with pytest.raises(ConfigError, match=message):
+    CheckpointChoice(**choice)
+  assert CheckpointChoice().latest and not CheckpointChoice(average_last=2).latest
 
 
 def test_average_params_is_the_elementwise_mean():

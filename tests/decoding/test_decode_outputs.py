@@ -110,7 +110,7 @@ def test_resume_refuses_a_partial_that_is_not_this_runs(tiny_workdir, tmp_path, 
 def test_resume_record_cuts_what_it_did_not_record(tmp_path):
   """The library: lines written after the last record (a kill between the two) are cut off
   and translated again; a changed partial or a damaged record is refused."""
-  from transformer_nmt.inference import outputs
+  from transformer_nmt.decode_job import outputs
   path = str(tmp_path / 'out.de')
   settings = {'decode': {'beam_size': 1}}
   with pytest.raises(RuntimeError):

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.programs import Unprepared
-from transformer_nmt.inference.server import make_app
+from transformer_nmt.serving.server import make_app
 
 WORDS = 'He played with twenty-one yellow apples and'
 

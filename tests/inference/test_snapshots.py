@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt import checkpoint
-from transformer_nmt.inference import load_workdir, snapshots
+from transformer_nmt.inference import CheckpointChoice, load_workdir, snapshots
 
 
 @pytest.fixture
@@ -30,17 +30,18 @@ def _assert_same(a, b):
     assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
-@pytest.mark.parametrize('options', [{}, {'average_last': 2}, {'checkpoint': 10},
+@pytest.mark.parametrize('options', [{}, {'average_last': 2}, {'step': 10},
                                      {'ema': False}])
 def test_a_second_load_reads_the_snapshot_and_gives_the_same_parameters(workdir, options,
                                                                          monkeypatch):
-  truth = load_workdir(workdir, **options)
+  choice = CheckpointChoice(**options)
+  truth = load_workdir(workdir, choice)
   assert not (workdir / 'programs').exists()  # no snapshot without being asked
-  first = load_workdir(workdir, snapshot=True, **options)
+  first = load_workdir(workdir, choice, snapshot=True)
   assert len(list((workdir / 'programs' / 'params').glob('*.npz'))) == 1
   with monkeypatch.context() as m:
     m.setattr(checkpoint, 'Checkpointer', lambda *_, **__: pytest.fail('restored'))
-    second = load_workdir(workdir, snapshot=True, **options)
+    second = load_workdir(workdir, choice, snapshot=True)
   assert first.steps == second.steps == truth.steps
   _assert_same(truth.params, first.params)
   _assert_same(truth.params, second.params)

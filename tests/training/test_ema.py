@@ -108,7 +108,7 @@ def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   so does recipe.py's 'best' candidate."""
   import shutil
 
-  from transformer_nmt.inference import load_workdir
+  from transformer_nmt.inference import CheckpointChoice, load_workdir
   from transformer_nmt.training.selection import checkpoint_candidates
   workdir = tmp_path / 'run'
   _run(workdir, 4, 0.5)
@@ -117,7 +117,7 @@ def test_ema_is_checkpointed_resumed_exactly_and_decoded(tmp_path):
   assert has and not np.allclose(raw, straight)
   flat = lambda m: jax.flatten_util.ravel_pytree(m.params)[0]  # noqa: E731
   np.testing.assert_array_equal(flat(load_workdir(workdir)), straight)
-  np.testing.assert_array_equal(flat(load_workdir(workdir, ema=False)), raw)
+  np.testing.assert_array_equal(flat(load_workdir(workdir, CheckpointChoice(ema=False))), raw)
   # recipe.py's 'best' candidate: the weights its validation BLEU was measured on, the EMA
   # (the final evaluation kept step 4 in best/)
   candidates = dict(checkpoint_candidates(workdir, average_last=0))

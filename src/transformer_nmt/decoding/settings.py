@@ -1,5 +1,5 @@
-"""The decode section of a run's config: how a search translates (paper §6.1), checked once
-(`DecodeConfig.validate`), with the library's defaults (`DECODE`) and the small jobs that
+"""The decode section of a run's config: how a search translates (paper §6.1), checked when
+made (`DecodeConfig.validate`), with the library's defaults (`DECODE`) and the small jobs that
 `decode.py --precompile` prepares."""
 
 from __future__ import annotations
@@ -63,10 +63,13 @@ class DecodeConfig:
   # xla_cpu_experimental_ynn_fusion_type itself.
   batch_invariant: bool = False
 
+  def __post_init__(self) -> None:
+    self.validate()  # checked when made (also by dataclasses.replace): no later check needed
+
   def validate(self) -> DecodeConfig:
     """Raises ConfigError naming the first option out of range (flags and config.json alike:
     a NaN, an infinity or a negative count would otherwise run every line to its length limit
-    and still exit 0)."""
+    and still exit 0). Runs when a DecodeConfig is made; every config section offers it."""
     check(0 <= self.alpha < math.inf,  # NaN fails every comparison
           f'decode.alpha={self.alpha} must be a finite number, 0 or more')
     check(0 <= self.temperature < math.inf,

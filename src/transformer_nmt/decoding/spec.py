@@ -29,7 +29,6 @@ class SearchSpec:
   n_best: int = 1
 
   def __post_init__(self) -> None:
-    self.decode.validate()
     d = self.decode
     if not 1 <= self.n_best <= d.beam_size or (self.n_best > 1 and self.sampling):
       raise ConfigError(f'n_best={self.n_best} must be between 1 and the beam size '

@@ -29,7 +29,7 @@ from transformer_nmt.decoding.translate import CompactingTranslate, output_lengt
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, heap, long_lines
 from transformer_nmt.inference.hypotheses import Hypothesis, joined
-from transformer_nmt.inference.loading import LoadedModel, load_model
+from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
 from transformer_nmt.inference.programs import ProgramStore, Unprepared, identity, jit_factory
 from transformer_nmt.workdir import Workdir
 
@@ -121,18 +121,17 @@ class Engine:
                          length_growth=d.length_growth, jit=jit)
 
   @classmethod
-  def load(cls, workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
-           checkpoint: Optional[int] = None, average_last: int = 0, best: bool = False,
-           ema: bool = True, dtype: Optional[str] = None, programs: bool = False,
-           settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate,
+  def load(cls, workdirs: str | pathlib.Path | Sequence[str | pathlib.Path],
+           choice: CheckpointChoice = LATEST, *, dtype: Optional[str] = None,
+           programs: bool = False,
+           settings: Optional[Callable[[DecodeConfig], DecodeConfig]] = None,
            n_best: int = 1, concurrent_batches: int = 0) -> Engine:
     """The engine of one workdir's model, or of several as an ensemble (loading.load_model:
-    the checkpoint options, `dtype`, and `settings` of the first run's decode section).
+    the checkpoints of `choice`, `dtype`, and `settings` of the first run's decode section).
     With `programs`, compiled programs and the restored parameters are kept in the first
     workdir's programs directory (as decode.py does), so that a later engine starts
     without compiling."""
-    model = load_model(workdirs, checkpoint=checkpoint, average_last=average_last, best=best,
-                       ema=ema, dtype=dtype, snapshot=programs, settings=settings)
+    model = load_model(workdirs, choice, dtype=dtype, snapshot=programs, settings=settings)
     first = workdirs if isinstance(workdirs, (str, pathlib.Path)) else workdirs[0]
     return cls(model, n_best=n_best, programs=Workdir(first).programs if programs else None,
                concurrent_batches=concurrent_batches)

@@ -25,6 +25,36 @@ if TYPE_CHECKING:  # Orbax's import is left to the runs that restore a checkpoin
   from transformer_nmt.checkpoint import Checkpointer
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointChoice:
+  """Which weights of a workdir: one checkpoint `step` (default: the latest that reads back),
+  the mean of the `average_last` N (the paper averaged the last 5 for base, 20 for big,
+  written every 10 minutes), or with `best` the checkpoint of highest validation BLEU; of a
+  run trained with train.ema_decay its moving average of the weights unless `ema` is False.
+  Checked when made: a ConfigError names the flags that do not go together."""
+
+  step: Optional[int] = None
+  average_last: int = 0
+  best: bool = False
+  ema: bool = True
+
+  def __post_init__(self) -> None:
+    if self.average_last < 0:
+      raise ConfigError(f'--average_last={self.average_last} must be 0 or positive')
+    if self.best and (self.step is not None or self.average_last):
+      raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
+    if self.step is not None and self.average_last:
+      raise ConfigError('give either --checkpoint or --average_last, not both')
+
+  @property
+  def latest(self) -> bool:
+    """The newest checkpoint that reads back (no step, average or best asked for)."""
+    return self.step is None and self.average_last <= 1 and not self.best
+
+
+LATEST = CheckpointChoice()
+
+
 @dataclasses.dataclass
 class LoadedModel:
   """A workdir's model config, parameters, tokenizers and which checkpoints they come from."""
@@ -38,17 +68,13 @@ class LoadedModel:
   decode: DecodeConfig = DECODE  # the run's decoding settings (its config's decode section)
 
 
-def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
-                 average_last: int = 0, best: bool = False, ema: bool = True,
+def load_workdir(workdir: str | pathlib.Path, choice: CheckpointChoice = LATEST,
                  snapshot: bool = False) -> LoadedModel:
-  """Restores parameters from one checkpoint (latest by default) or the mean of the last N;
-  with `best`, from the checkpoint of highest validation BLEU (workdir/best) instead. A run
-  trained with train.ema_decay gives its moving average of the weights unless `ema` is False.
-  With `snapshot`, the restored parameters are also kept in WORKDIR/programs/params, where a
-  later call for the same checkpoints reads them without Orbax (snapshots.py). The model
-  computes in the run's model.dtype, except where `default_dtype` says float32.
-
-  The paper averaged the last 5 (base) or 20 (big) checkpoints, written every 10 minutes.
+  """The parameters `choice` names (`CheckpointChoice`; default: the latest checkpoint), the
+  run's config, tokenizers and decode settings. With `snapshot`, the restored parameters are
+  also kept in WORKDIR/programs/params, where a later call for the same checkpoints reads
+  them without Orbax (snapshots.py). The model computes in the run's model.dtype, except
+  where `default_dtype` says float32.
   """
   wd = Workdir(workdir)
   if not wd.config.exists():
@@ -58,14 +84,12 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
   cfg = ensemble.with_dtype(cfg, default_dtype(cfg))
   src_tok, tgt_tok = _tokenizers(wd)
   wd.check_tokenizers({'src': src_tok.fingerprint, 'tgt': tgt_tok.fingerprint})
-  if best and (checkpoint is not None or average_last):
-    raise ConfigError('--best picks one checkpoint; drop --checkpoint and --average_last')
-  directory = wd.checkpoint_dir(best)
-  if best and not directory.exists():
+  directory = wd.checkpoint_dir(choice.best)
+  if choice.best and not directory.exists():
     raise DataError(f'{workdir} has no best checkpoint (train.keep_best was off or no '
                     'evaluation has run yet)')
   where = wd.programs if snapshot else None
-  steps, params = _restore(directory, where, workdir, checkpoint, average_last, best, ema)
+  steps, params = _restore(directory, where, workdir, choice)
   # On the device once: host arrays would be copied in at every call of a decoding program,
   # raising a short job's peak memory.
   params = jax.device_put(params)
@@ -74,41 +98,39 @@ def load_workdir(workdir: str | pathlib.Path, checkpoint: Optional[int] = None,
 
 
 def _restore(directory: pathlib.Path, snapshot_root: Optional[pathlib.Path],
-             workdir: str | pathlib.Path, checkpoint: Optional[int], average_last: int,
-             best: bool, ema: bool) -> tuple[list[int], Any]:
+             workdir: str | pathlib.Path, choice: CheckpointChoice) -> tuple[list[int], Any]:
   """(steps, params) from the checkpoints in `directory` (see `load_workdir`), through a
   snapshot under `snapshot_root` when one is given."""
   if snapshot_root is not None:
-    steps = _choose_steps(snapshots.step_numbers(directory), workdir, checkpoint, average_last)
-    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    steps = _choose_steps(snapshots.step_numbers(directory), workdir, choice)
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, choice.ema)
     params = None if path is None else snapshots.load(path)
     if params is not None:
       return steps, params
   from transformer_nmt.checkpoint import Checkpointer  # Orbax, only to restore
   ckpt = Checkpointer(directory, read_only=True)
   try:
-    steps = _choose_steps(ckpt.all_steps(), workdir, checkpoint, average_last)
-    if checkpoint is None and average_last <= 1 and not best:  # the latest that reads back
-      steps, params = _latest_readable(ckpt, ema)
+    steps = _choose_steps(ckpt.all_steps(), workdir, choice)
+    if choice.latest:  # the latest that reads back
+      steps, params = _latest_readable(ckpt, choice.ema)
     else:
-      params = average_params([_read_params(ckpt, step, ema) for step in steps])
+      params = average_params([_read_params(ckpt, step, choice.ema) for step in steps])
   finally:
     ckpt.close()
   if snapshot_root is not None:  # steps may differ from the snapshot's: an unreadable latest
-    path = snapshots.snapshot_path(snapshot_root, directory, steps, ema)
+    path = snapshots.snapshot_path(snapshot_root, directory, steps, choice.ema)
     if path is not None:
       snapshots.save(path, params)
   return steps, params
 
 
-def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[int] = None,
-                  average_last: int = 0, best: bool = False, ema: bool = True,
+def load_ensemble(workdirs: Sequence[str | pathlib.Path], choice: CheckpointChoice = LATEST,
                   snapshot: bool = False) -> LoadedModel:
   """One workdir's model (`load_workdir`), or several as an ensemble: configs and parameters
   as tuples (decoding/ensemble.py), the first workdir's tokenizers, config and decode
   settings. Members must use the same SentencePiece models, else a DataError names the first
   that differs."""
-  models = [load_workdir(w, checkpoint, average_last, best, ema, snapshot) for w in workdirs]
+  models = [load_workdir(w, choice, snapshot) for w in workdirs]
   if len(models) == 1:
     return models[0]
   first = models[0]
@@ -123,20 +145,21 @@ def load_ensemble(workdirs: Sequence[str | pathlib.Path], checkpoint: Optional[i
                              steps=[s for m in models for s in m.steps])
 
 
-def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path], *,
-               checkpoint: Optional[int] = None, average_last: int = 0, best: bool = False,
-               ema: bool = True, dtype: Optional[str] = None, snapshot: bool = False,
-               settings: Callable[[DecodeConfig], DecodeConfig] = DecodeConfig.validate
+def load_model(workdirs: str | pathlib.Path | Sequence[str | pathlib.Path],
+               choice: CheckpointChoice = LATEST, *, dtype: Optional[str] = None,
+               snapshot: bool = False,
+               settings: Optional[Callable[[DecodeConfig], DecodeConfig]] = None
                ) -> LoadedModel:
   """`load_ensemble` of one workdir or several, computing in `dtype` (default: as
-  `load_workdir` gives them) with the Dense kernels already cast to it
+  `load_workdir` gives the checkpoints of `choice`) with the Dense kernels already cast to it
   (ensemble.kernels_as_computed: only that copy stays in memory), and `settings` of the first
   run's decode section (default: as it is) as the model's decode settings."""
   if isinstance(workdirs, (str, pathlib.Path)):
     workdirs = [workdirs]
-  model = load_ensemble(workdirs, checkpoint, average_last, best, ema, snapshot)
+  model = load_ensemble(workdirs, choice, snapshot)
   cfg = ensemble.with_dtype(model.cfg, dtype)
-  return dataclasses.replace(model, cfg=cfg, decode=settings(model.decode),
+  decode = model.decode if settings is None else settings(model.decode)
+  return dataclasses.replace(model, cfg=cfg, decode=decode,
                              params=ensemble.kernels_as_computed(cfg, model.params))
 
 
@@ -183,21 +206,20 @@ def _tokenizers(wd: Workdir) -> tuple[Tokenizer, Tokenizer]:
   return src, src if paths[1] == paths[0] else Tokenizer(paths[1], table)
 
 
-def _choose_steps(available: Sequence[int], workdir: pathlib.Path, checkpoint: Optional[int],
-                  average_last: int) -> list[int]:
+def _choose_steps(available: Sequence[int], workdir: pathlib.Path,
+                  choice: CheckpointChoice) -> list[int]:
   available = sorted(available)
   if not available:
     raise DataError(f'{workdir} has no checkpoints')
-  if checkpoint is not None and average_last:
-    raise ConfigError('give either --checkpoint or --average_last, not both')
-  if checkpoint is not None:
-    if checkpoint not in available:
-      raise DataError(f'{workdir} has no checkpoint at step {checkpoint}; available: {available}')
-    return [checkpoint]
-  if average_last > len(available):
-    raise DataError(f'--average_last={average_last} but {workdir} keeps only {len(available)} '
-                    f'checkpoints: {available}')
-  return available[-max(average_last, 1):]
+  if choice.step is not None:
+    if choice.step not in available:
+      raise DataError(f'{workdir} has no checkpoint at step {choice.step}; available: '
+                      f'{available}')
+    return [choice.step]
+  if choice.average_last > len(available):
+    raise DataError(f'--average_last={choice.average_last} but {workdir} keeps only '
+                    f'{len(available)} checkpoints: {available}')
+  return available[-max(choice.average_last, 1):]
 
 
 def average_params(trees: Sequence[Any]) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from absl import flags
 
@@ -16,7 +16,7 @@ from transformer_nmt.cli import use_compile_cache
 from transformer_nmt.decoding.settings import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
 from transformer_nmt.inference import heap
-from transformer_nmt.inference.loading import LoadedModel, load_model
+from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
 from transformer_nmt.workdir import Workdir
 
 _RUN = " (default: the run's decode.{}, normally {})"
@@ -65,10 +65,7 @@ class ModelOptions:
   """Which model an engine loads and how it runs (see `define_model_flags` for each)."""
 
   workdirs: tuple[str, ...]
-  checkpoint: Optional[int] = None
-  best: bool = False
-  ema: bool = True
-  average_last: int = 0
+  choice: CheckpointChoice = LATEST
   dtype: Optional[str] = None
   programs: bool = True
   compile_cache: bool = True
@@ -97,25 +94,36 @@ class ModelOptions:
     (before loading, which compiles too)."""
     if self.compile_cache and not self.programs:
       use_compile_cache(str(Workdir(self.workdirs[0]).compile_cache))
-    return load_model(self.workdirs, checkpoint=self.checkpoint,
-                      average_last=self.average_last, best=self.best, ema=self.ema,
-                      dtype=self.dtype, snapshot=self.programs,
+    return load_model(self.workdirs, self.choice, dtype=self.dtype, snapshot=self.programs,
                       settings=lambda run: with_overrides(run, overrides))
 
 
-def define_model_flags() -> None:
-  """--workdir (repeatable: an ensemble), --checkpoint, --best, --ema, --average_last,
-  --dtype, --programs, --compile_cache, --malloc_heaps, --concurrent_batches."""
-  flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an ensemble '
-                            '(log-probabilities averaged at every step; the members must '
-                            'share their vocabularies; search settings from the first).',
-                            required=True)
+def define_checkpoint_flags() -> None:
+  """--checkpoint, --best, --ema, --average_last: a `CheckpointChoice` (`checkpoint_choice`),
+  for every program that loads a workdir's weights."""
   flags.DEFINE_integer('checkpoint', None, 'Checkpoint step (default: latest).')
   flags.DEFINE_bool('best', False, 'Use the checkpoint with the best validation BLEU.')
   flags.DEFINE_bool('ema', True, 'Use the moving average of the weights when the run kept one '
                     '(train.ema_decay); --noema for the raw weights.')
   flags.DEFINE_integer('average_last', 0, 'Average the last N checkpoints (paper: base 5, '
                        'big 20).')
+
+
+def checkpoint_choice() -> CheckpointChoice:
+  """The value of `define_checkpoint_flags`' flags; a ConfigError when they do not go
+  together."""
+  f = flags.FLAGS
+  return CheckpointChoice(f.checkpoint, f.average_last, f.best, f.ema)
+
+
+def define_model_flags() -> None:
+  """--workdir (repeatable: an ensemble), the checkpoint flags (`define_checkpoint_flags`),
+  --dtype, --programs, --compile_cache, --malloc_heaps, --concurrent_batches."""
+  flags.DEFINE_multi_string('workdir', None, 'Training workdir; repeat it for an ensemble '
+                            '(log-probabilities averaged at every step; the members must '
+                            'share their vocabularies; search settings from the first).',
+                            required=True)
+  define_checkpoint_flags()
   flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'], 'Compute precision (activations, '
                     'products, caches; the Dense kernels are cast to it once at load, the '
                     'other parameters stay float32); outputs differ between the two (speeds: '
@@ -146,14 +154,16 @@ def define_model_flags() -> None:
 def model_options() -> ModelOptions:
   """The values of `define_model_flags`' flags."""
   f = flags.FLAGS
-  return ModelOptions(tuple(f.workdir), f.checkpoint, f.best, f.ema, f.average_last, f.dtype,
-                      f.programs, f.compile_cache, f.malloc_heaps, f.concurrent_batches)
+  return ModelOptions(tuple(f.workdir), checkpoint_choice(), f.dtype, f.programs,
+                      f.compile_cache, f.malloc_heaps, f.concurrent_batches)
 
 
-def define_decode_flags() -> None:
-  """One flag per DecodeConfig option in DECODE_FLAGS, of that option's type, unset (None)
-  unless given: the run's own value stays."""
-  for flag, (option, help_text) in DECODE_FLAGS.items():
+def define_decode_flags(names: Sequence[str] = tuple(DECODE_FLAGS)) -> None:
+  """One flag per DecodeConfig option in DECODE_FLAGS (or those of them `names` lists: a
+  program that changes only some, recipe.py and aot_compile.py), of that option's type,
+  unset (None) unless given: the run's own value stays."""
+  for flag in names:
+    option, help_text = DECODE_FLAGS[flag]
     default = getattr(DECODE, option)
     text = help_text + _RUN.format(option, default)
     if option in _CHOICES:
@@ -166,9 +176,9 @@ def define_decode_flags() -> None:
       flags.DEFINE_float(flag, None, text)
 
 
-def decode_overrides() -> dict[str, Any]:
-  """The DecodeConfig options given by `define_decode_flags`' flags: option -> value."""
-  values = {flag: getattr(flags.FLAGS, flag) for flag in DECODE_FLAGS}
+def decode_overrides(names: Sequence[str] = tuple(DECODE_FLAGS)) -> dict[str, Any]:
+  """The DecodeConfig options given by `define_decode_flags(names)`' flags: option -> value."""
+  values = {flag: getattr(flags.FLAGS, flag) for flag in names}
   return {DECODE_FLAGS[flag][0]: v for flag, v in values.items() if v is not None}
 
 
@@ -176,7 +186,7 @@ def with_overrides(run: DecodeConfig, overrides: dict[str, Any]) -> DecodeConfig
   """The run's decode section with the options given on the command line, checked; a bad
   value is a DataError naming the flag, not the config option."""
   try:
-    return dataclasses.replace(run, **overrides).validate()
+    return dataclasses.replace(run, **overrides)
   except ConfigError as e:
     message = str(e)
     for flag, (option, _) in DECODE_FLAGS.items():

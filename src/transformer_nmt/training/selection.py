@@ -18,7 +18,7 @@ from transformer_nmt.checkpoint import Checkpointer
 from transformer_nmt.config import DataConfig
 from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.files import write_atomically
-from transformer_nmt.inference import Engine, LoadedModel, load_workdir
+from transformer_nmt.inference import CheckpointChoice, Engine, LoadedModel, load_workdir
 from transformer_nmt.metrics import corpus_bleu, corpus_chrf
 from transformer_nmt.workdir import Workdir
 
@@ -59,6 +59,7 @@ class Selection:
 
 
 Loader = Callable[[], LoadedModel]
+RAW = CheckpointChoice(ema=False)  # the latest checkpoint's raw weights
 
 
 def checkpoint_candidates(workdir: str | os.PathLike,
@@ -67,19 +68,19 @@ def checkpoint_candidates(workdir: str | os.PathLike,
   weights; the best one, with the weights its validation BLEU was measured on (the moving
   average when the run kept one, as training evaluates it); and 'EMA' (the latest
   checkpoint's moving average of the weights) when the run kept one (train.ema_decay)."""
-  candidates = [('latest', lambda: load_workdir(workdir, ema=False))]
+  candidates = [('latest', lambda: load_workdir(workdir, RAW))]
   steps = Checkpointer(Workdir(workdir).checkpoints, read_only=True)
   available = steps.all_steps()  # finished saves only, not a killed run's temporaries
   has_ema = bool(available) and steps.has_ema(available[-1])
   steps.close()
   n = min(average_last, len(available))
   if n > 1:
-    candidates.append((f'average of last {n}',
-                       lambda: load_workdir(workdir, average_last=n, ema=False)))
+    average = CheckpointChoice(average_last=n, ema=False)
+    candidates.append((f'average of last {n}', lambda: load_workdir(workdir, average)))
   if Workdir(workdir).best.exists():
-    candidates.append(('best', lambda: load_workdir(workdir, best=True)))
+    candidates.append(('best', lambda: load_workdir(workdir, CheckpointChoice(best=True))))
   if has_ema:
-    candidates.append(('EMA', lambda: load_workdir(workdir, ema=True)))
+    candidates.append(('EMA', lambda: load_workdir(workdir)))
   return candidates
 
 

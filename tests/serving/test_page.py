@@ -1,4 +1,4 @@
-"""serve.py's web page (inference/page.py) in a real headless browser: Debian's chromium
+"""serve.py's web page (serving/page.py) in a real headless browser: Debian's chromium
 driven by Playwright, against the real server (uvicorn in a thread) on the noised tiny
 model of test_server.py (conftest.noisy_engine, whose compiled programs it shares)."""
 
@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 
-from transformer_nmt.inference.connections import connection_protocol
-from transformer_nmt.inference.server import Limits, make_app
+from transformer_nmt.serving.connections import connection_protocol
+from transformer_nmt.serving.server import Limits, make_app
 
 CHROMIUM = '/usr/bin/chromium'
 if not os.access(CHROMIUM, os.X_OK):

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from transformer_nmt.cli import CompileCounter
+from transformer_nmt.decode_job import job_io
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.settings import (
   DECODE,
@@ -24,7 +25,6 @@ from transformer_nmt.decoding.settings import (
   DecodeConfig,
 )
 from transformer_nmt.errors import DataError
-from transformer_nmt.inference import job_io
 from transformer_nmt.inference.engine import Engine
 from transformer_nmt.inference.hypotheses import Hypothesis
 from transformer_nmt.inference.loading import LoadedModel
@@ -60,10 +60,8 @@ class DecodeJob:
     """Options that are out of range or do not go together, in one line, before any work."""
     if self.n_best < 1:
       raise DataError(f'--n_best={self.n_best} must be at least 1')
-    for name, value in (('average_last', self.model.average_last),
-                        ('plot_sentences', self.plot_sentences)):
-      if value < 0:
-        raise DataError(f'--{name}={value} must be 0 or positive')
+    if self.plot_sentences < 0:
+      raise DataError(f'--plot_sentences={self.plot_sentences} must be 0 or positive')
     if self.n_best > 1 and self.format != 'jsonl':
       raise DataError(f'--n_best={self.n_best} needs --format jsonl (text is one line per input)')
     if self.precompile and (not self.model.programs or self.output != '-' or self.resume
@@ -184,7 +182,7 @@ def _write(job: DecodeJob, engine: Engine, blocks: Iterator[list[str]],
   """The blocks translated into the output: through OUTPUT.partial with `resume`, nowhere
   with `precompile`, else atomically (see `_translate_blocks` for what it returns)."""
   if job.resume:
-    from transformer_nmt.inference import outputs
+    from transformer_nmt.decode_job import outputs
     with outputs.resume(job.output, resume_settings(job, engine)) as partial:
       if partial.done:
         print(f'resuming after the {partial.done} lines in {outputs.partial_path(job.output)}',
@@ -204,7 +202,8 @@ def resume_settings(job: DecodeJob, engine: Engine) -> dict[str, Any]:
   other settings is refused (outputs.resume)."""
   cfgs = engine.model.cfg if ensemble.is_ensemble(engine.model.cfg) else [engine.model.cfg]
   return {'workdirs': [str(pathlib.Path(w).resolve()) for w in job.model.workdirs],
-          'checkpoint_steps': engine.model.steps, 'best': job.model.best, 'ema': job.model.ema,
+          'checkpoint_steps': engine.model.steps, 'best': job.model.choice.best,
+          'ema': job.model.choice.ema,
           'dtypes': [c.dtype for c in cfgs], 'decode': dataclasses.asdict(engine.decode),
           'format': job.format, 'n_best': job.n_best}
 

@@ -83,8 +83,8 @@ def held(path: str) -> Iterator[None]:
   if path == '-':
     yield
     return
+  from transformer_nmt.decode_job import outputs
   from transformer_nmt.files import remove_stale_temporaries
-  from transformer_nmt.inference import outputs
   with outputs.hold(path):
     removed = remove_stale_temporaries(path)
     if removed:

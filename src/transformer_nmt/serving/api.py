@@ -1,5 +1,5 @@
 """serve.py's HTTP API: the request bodies, the limits a request must keep and the errors
-it can get, each one JSON line with its status (inference/server.py answers them)."""
+it can get, each one JSON line with its status (serving/server.py answers them)."""
 
 from __future__ import annotations
 

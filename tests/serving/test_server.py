@@ -1,4 +1,4 @@
-"""serve.py's HTTP API (inference/server.py) on the tiny trained model, through FastAPI's
+"""serve.py's HTTP API (serving/server.py) on the tiny trained model, through FastAPI's
 TestClient; one app and engine per module, since every compile costs seconds."""
 
 import concurrent.futures
@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from transformer_nmt import plots
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.server import Limits, make_app, warm_up
+from transformer_nmt.serving.server import Limits, make_app, warm_up
 
 LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=60,
                 max_queue_sentences=64)

@@ -18,9 +18,9 @@ import urllib.request
 import pytest
 import uvicorn
 
-from transformer_nmt.inference.connections import connection_protocol
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.server import Limits, make_app
+from transformer_nmt.serving.connections import connection_protocol
+from transformer_nmt.serving.server import Limits, make_app
 
 LIMITS = Limits(max_chars=300, max_sentences=10, max_body_bytes=4000, timeout_s=2.0,
                 max_queue_sentences=64)

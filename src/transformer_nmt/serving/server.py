@@ -29,7 +29,9 @@ from starlette.exceptions import HTTPException
 
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import UserError
-from transformer_nmt.inference.api import (
+from transformer_nmt.inference.engine import Engine
+from transformer_nmt.inference.programs import Unprepared
+from transformer_nmt.serving.api import (
   RETRY_AFTER_S,
   ApiError,
   Limits,
@@ -43,11 +45,9 @@ from transformer_nmt.inference.api import (
   shown,
   with_hypotheses,
 )
-from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.page import PAGE
-from transformer_nmt.inference.programs import Unprepared
-from transformer_nmt.inference.scheduler import DeadlineExceeded, QueueFull, Scheduler
-from transformer_nmt.inference.server_metrics import Metrics
+from transformer_nmt.serving.page import PAGE
+from transformer_nmt.serving.scheduler import DeadlineExceeded, QueueFull, Scheduler
+from transformer_nmt.serving.server_metrics import Metrics
 
 
 @dataclasses.dataclass(frozen=True)

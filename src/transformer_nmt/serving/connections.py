@@ -12,10 +12,10 @@ import fastapi
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from transformer_nmt.inference.api import RETRY_AFTER_S, ApiError
+from transformer_nmt.serving.api import RETRY_AFTER_S, ApiError
 
 if TYPE_CHECKING:  # server.py imports nothing of this module
-  from transformer_nmt.inference.server import Service
+  from transformer_nmt.serving.server import Service
 
 HEADER_TIMEOUT_S = 10.0  # serve.py --header_timeout_s
 _PEER_CHECKS_S = (0.02, 1.0)  # the first and the longest wait between checks of a half-close

@@ -13,7 +13,7 @@ import prometheus_client as prom
 
 from transformer_nmt.inference import heap
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.scheduler import Scheduler
+from transformer_nmt.serving.scheduler import Scheduler
 
 
 class Metrics:

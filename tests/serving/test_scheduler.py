@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from transformer_nmt.inference.scheduler import (
+from transformer_nmt.serving.scheduler import (
   DeadlineExceeded,
   QueueFull,
   Scheduler,
