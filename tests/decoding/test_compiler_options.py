@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.decoding.search import compiler_options
+from transformer_nmt.inference.compiler import compiler_options
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != 'cpu', reason='XLA CPU options')
 
@@ -42,8 +42,8 @@ def test_off_or_chosen_by_xla_flags(monkeypatch):
 @pytest.mark.parametrize('batch_invariant', [False, True])
 def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_invariant):
   """Each program the engine makes (translation and scoring) gets the setting's options, and
-  the model they trace writes its sums as halvings exactly when those options leave sums to
-  XLA (ModelConfig.halving_sums)."""
+  the model they trace and the search write their sums as halvings exactly when those options
+  leave sums to XLA (ModelConfig.halving_sums, SearchSpec.halving_sums)."""
   from transformer_nmt.inference import engine as engine_lib
 
   seen, models = [], []
@@ -58,7 +58,8 @@ def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_
 
   monkeypatch.setattr(engine_lib, 'jit_factory', lambda store, sealed: recording_jit)
   decode = dataclasses.replace(loaded.decode, batch_invariant=batch_invariant)
-  engine_lib.Engine(loaded, decode)
+  engine = engine_lib.Engine(loaded, decode)
+  assert engine.spec.halving_sums == batch_invariant
   assert seen
   assert all(options == compiler_options(batch_invariant) for _, options in seen), seen
   assert len(models) == 1 + decode.compact

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.decoding.search import compiler_options
+from transformer_nmt.inference.compiler import compiler_options
 from transformer_nmt.model import sums
 
 

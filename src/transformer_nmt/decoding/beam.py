@@ -26,7 +26,6 @@ from transformer_nmt.decoding.search import (
   Search,
   constrain,
   decode_loop,
-  halving_sums,
   padded_length,
 )
 from transformer_nmt.decoding.settings import DECODE
@@ -221,7 +220,6 @@ def beam(spec: SearchSpec, length: int) -> Search:
   controls; its `init` tiles the cache to K beams. With `spec.n_best` > 1 its result is
   [B, N, L] (see `result`)."""
   d, k = spec.decode, spec.decode.beam_size
-  halving = halving_sums(d.batch_invariant)
   return Search(
       k,
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,
@@ -230,7 +228,7 @@ def beam(spec: SearchSpec, length: int) -> Search:
                                           bos_id=spec.bos_id, eos_id=spec.eos_id,
                                           stop=d.beam_stop, min_len=d.min_len,
                                           no_repeat_ngram=d.no_repeat_ngram,
-                                          halving_sums=halving),
+                                          halving_sums=spec.halving_sums),
       lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
       lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,

@@ -9,7 +9,6 @@ plain full-length scan. Dimension legend: B batch, L output length, V vocab.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import flax
@@ -27,7 +26,7 @@ LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 class Jit(Protocol):
   """How the decoders compile their programs: `jax.jit` with a name for the program
   (`plain_jit`), or the engine's ProgramStore.jit, which keeps them on disk; both take XLA
-  `compiler_options` (see `compiler_options`)."""
+  `compiler_options` (the engine's: inference/compiler.py)."""
 
   def __call__(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
                donate_argnums: Sequence[int] = (),
@@ -41,36 +40,6 @@ def plain_jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
   del name
   return jax.jit(fn, static_argnums=tuple(static_argnums), donate_argnums=tuple(donate_argnums),
                  compiler_options=compiler_options)
-
-
-_YNN_FUSIONS = 'xla_cpu_experimental_ynn_fusion_type'
-
-
-def compiler_options(batch_invariant: bool) -> dict[str, str]:
-  """XLA options for the decoding programs (decode.batch_invariant). XLA's CPU backend hands
-  reductions (LayerNorm's means, softmax denominators) to YNNPACK, which sums a row in an order
-  that depends on how many rows the tensor has: the same sentence gets other last bits in
-  another batch, and now and then its beam takes another path. XLA's own reductions sum
-  every row alike. YNNPACK keeps the matmuls: their rows do not depend on the batch at beam
-  search's row counts (rows x beam; not at 1 or 2 rows, which greedy batches can have).
-  Nothing changes off CPUs, or when XLA_FLAGS chooses YNNPACK's fusions itself.
-
-  The kernels of these programs are emitted by XLA's older CPU emitters
-  (`xla_cpu_use_fusion_emitters` off): its newer ones load each kernel as an object of its
-  own, three memory maps each, and a server's few hundred programs would pass the kernel's
-  limit on maps per process (vm.max_map_count, 65530 by default) and crash while loading."""
-  if (not batch_invariant or jax.default_backend() != 'cpu'
-      or _YNN_FUSIONS in os.environ.get('XLA_FLAGS', '')):
-    return {}
-  return {_YNN_FUSIONS: 'LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
-          'xla_cpu_use_fusion_emitters': 'False'}
-
-
-def halving_sums(batch_invariant: bool) -> bool:
-  """Whether the programs `compiler_options` gives sum without YNNPACK, and so should write
-  their sums and maxima as model/sums.py does (ModelConfig.halving_sums; the search's
-  logsumexp and top-k block maxima): XLA's own reduction loops run slowly otherwise."""
-  return bool(compiler_options(batch_invariant))
 
 
 @runtime_checkable
@@ -264,7 +233,7 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
   `rng`), into outputs of `length` positions (see `greedy_search`), under the output
   controls of `constrain`."""
   d, bos_id, eos_id, pad_id = spec.decode, spec.bos_id, spec.eos_id, spec.pad_id
-  elementwise_max = halving_sums(d.batch_invariant)  # block maxima (topk.top_k)
+  elementwise_max = spec.halving_sums  # block maxima (topk.top_k)
 
   def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
     if spec.sampling and rng is None:

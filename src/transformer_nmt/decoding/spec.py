@@ -27,6 +27,9 @@ class SearchSpec:
   pad_id: int
   decode: DecodeConfig = DECODE
   n_best: int = 1
+  # The search's logsumexp and top-k maxima as halvings (model/sums.py): set by an engine whose
+  # programs sum outside YNNPACK (inference/compiler.py), where XLA's own loops run slowly.
+  halving_sums: bool = False
 
   def __post_init__(self) -> None:
     d = self.decode

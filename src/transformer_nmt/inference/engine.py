@@ -22,12 +22,12 @@ from transformer_nmt.decoding.beam import length_penalty
 from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
-from transformer_nmt.decoding.search import compiler_options, halving_sums
 from transformer_nmt.decoding.settings import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.decoding.translate import CompactingTranslate, output_length, translate
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, heap, long_lines
+from transformer_nmt.inference.compiler import compiler_options, halving_sums
 from transformer_nmt.inference.hypotheses import Hypothesis, joined
 from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
 from transformer_nmt.inference.programs import ProgramStore, Unprepared, identity, jit_factory
@@ -81,7 +81,8 @@ class Engine:
     warm-up: `seal`)."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
-    self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best)  # validates
+    halving = halving_sums(d.batch_invariant)  # programs summing without YNNPACK
+    self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best, halving)
     if concurrent_batches < 0:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
@@ -104,7 +105,7 @@ class Engine:
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if self.spec.sampling else None
     # Programs summing without YNNPACK write their sums as halvings (model/sums.py)
-    cfg = ensemble.each(model.cfg, halving_sums=halving_sums(d.batch_invariant))
+    cfg = ensemble.each(model.cfg, halving_sums=halving)
     self.store = None if programs is None else ProgramStore(programs, identity(
         models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
