@@ -65,10 +65,14 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
     widths.append(src.shape[1])
     return (src, *rest)
   monkeypatch.setattr(data_lib, 'pad_rows', padded)
+  engines = {}  # one per setting, so that its programs compile once
+
   def run(tokens, order, growth=DecodeConfig.length_growth, concurrent=0):
-    decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
-                          length_growth=growth)
-    engine = Engine(loaded, decode, concurrent_batches=concurrent)
+    if (tokens, growth, concurrent) not in engines:
+      decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
+                            length_growth=growth)
+      engines[tokens, growth, concurrent] = Engine(loaded, decode, concurrent_batches=concurrent)
+    engine = engines[tokens, growth, concurrent]
     widths.clear()
     out = engine.translate([lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
