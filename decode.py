@@ -14,7 +14,7 @@ input (text: "logprob<TAB>score" per line; jsonl: the same object with that one 
 interrupted run from OUTPUT.partial.
 
 The compiled programs are kept in WORKDIR/programs, so a later run with the same settings
-starts without compiling (inference/programs.py); --precompile only fills it: with the
+starts without compiling (runtime/programs.py); --precompile only fills it: with the
 programs of small jobs (--precompile_rows, --precompile_length), then those FILE's batches
 need with --input FILE.
 """

@@ -24,7 +24,7 @@ COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cach
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 
 
-# The key that signs stored programs (inference/programs.py) lives in the user's config
+# The key that signs stored programs (runtime/programs.py) lives in the user's config
 # directory: the suite keeps its own rather than writing to the home directory.
 if 'XDG_CONFIG_HOME' not in os.environ:
   os.environ['XDG_CONFIG_HOME'] = tempfile.mkdtemp(prefix='transformer_nmt_tests_config_')

@@ -23,6 +23,11 @@ def test_a_stored_config_with_a_retired_option_still_reads():
   assert validate_config(migrate(old)).decode.chunk == 4
   with pytest.raises(ConfigError, match='unknown option decode.source_multiple'):
     validate_config(old)  # a config being written, not read back, is still told
+  # a workdir written while the model held the CPU runtime's halving sums
+  stored = dict(model_config_as_trained({'vocab_size': 24}).__dict__, halving_sums=True)
+  assert model_config_as_trained(stored).vocab_size == 24
+  with pytest.raises(ConfigError, match='halving_sums'):
+    validate_config({'model': {'halving_sums': True}})  # a new config may not set it
 
 
 def test_model_options_added_later_say_what_older_workdirs_trained_with():

@@ -75,11 +75,6 @@ class ModelConfig:
   # A learned [V] bias added to the output logits (Marian's final_logits_bias); the paper's
   # pre-softmax projection is the tied embedding alone.
   final_logits_bias: bool = False
-  # Sums in LayerNorm, softmax and one decoding step's attention written as halvings
-  # (model/sums.py): the same values in a fixed order, for programs compiled without YNNPACK's
-  # reductions, where XLA's own run slowly otherwise. The decoding engine sets it with
-  # decode.batch_invariant on a CPU (decoding.search.halving_sums); training has no use for it.
-  halving_sums: bool = False
 
   @property
   def head_dim(self) -> int:

@@ -14,10 +14,11 @@ from transformer_nmt.config import MOVED, ModelConfig
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.typed_config import as_dict, same_kind
 
-# Decoding options that no longer exist: a stored config drops them, so that a workdir
-# written while they existed still reads. decode.source_multiple padded the decoder's sources
-# and was withdrawn.
-RETIRED = ('decode.source_multiple',)
+# Options that no longer exist: a stored config drops them, so that a workdir written while
+# they existed still reads. decode.source_multiple padded the decoder's sources and was
+# withdrawn; model.halving_sums, the batch-invariant CPU programs' sums, is the runtime's
+# choice now (runtime/network.py), not the model's.
+RETIRED = ('decode.source_multiple', 'model.halving_sums')
 
 # Model options added after workdirs had been written, at the values those workdirs trained
 # with: a config.json without the key describes a run that had that value.
@@ -25,13 +26,15 @@ MODEL_BEFORE_OPTION = {'remat': False, 'float32_logits': True, 'dropout_bits': 3
                        'source_word_dropout': 0.0, 'target_word_dropout': 0.0,
                        'num_encoder_layers': 0, 'num_decoder_layers': 0, 'activation': 'relu',
                        'attention_bias': False, 'scale_embeddings': True,
-                       'final_logits_bias': False, 'halving_sums': False}
+                       'final_logits_bias': False}
 
 
 def model_as_trained(resolved: Mapping[str, Any]) -> dict[str, Any]:
   """A workdir's stored ModelConfig fields (config.json's resolved model) with the options
-  added since it was written at the values it trained with."""
-  return {**MODEL_BEFORE_OPTION, **resolved}
+  added since it was written at the values it trained with, and retired ones dropped."""
+  retired = {name.split('.')[1] for name in RETIRED if name.startswith('model.')}
+  return {key: value for key, value in {**MODEL_BEFORE_OPTION, **resolved}.items()
+          if key not in retired}
 
 
 def model_config_as_trained(resolved: Any) -> ModelConfig:

@@ -13,7 +13,7 @@
   WORKDIR/metrics.jsonl      one JSON object per logged step
   WORKDIR/tensorboard/       TensorBoard event files
   WORKDIR/compile_cache/     JAX's persistent compilation cache
-  WORKDIR/programs/          decode.py's compiled programs (inference/programs.py), and in
+  WORKDIR/programs/          decode.py's compiled programs (runtime/programs.py), and in
                              programs/params/ snapshots of restored parameters (snapshots.py)
   WORKDIR/demo_data/         the generated demo corpus (data.source='demo')
   WORKDIR/data_cache/        the encoded training split (data/cache.py), unless

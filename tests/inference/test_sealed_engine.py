@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.programs import Unprepared
+from transformer_nmt.runtime.programs import Unprepared
 from transformer_nmt.serving.server import make_app
 
 WORDS = 'He played with twenty-one yellow apples and'

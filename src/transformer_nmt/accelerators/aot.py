@@ -370,7 +370,7 @@ def decoding_programs(config: Sections, devices: list, rows: int, length: int, b
     variables = {'params': params}
     memory = model.apply(variables, src, segments, method=Transformer.encode)
     cache = model.apply(variables, memory, segments, cache_length, method=Transformer.init_cache)
-    return cache.tile_beams(beam, slots=False)  # as an accelerator's engine runs it
+    return cache.tile_beams(beam)  # the reference path, as an accelerator's engine runs it
 
   def step(params: Any, ids: jax.Array, cache: Any) -> Any:
     return model.apply({'params': params}, ids, cache, method=Transformer.decode_step)

@@ -101,7 +101,7 @@ def bucket_boundaries(max_len: int, min_len: int = 8, growth: float = 1.25,
 def length_grid(longest: int, at_least: int, growth: float) -> list[int]:
   """Decoding's padded lengths (decode.length_growth, multiples of 8): one grid up to
   max(longest, at_least) for every input, so that the programs compiled for one file serve
-  the next (inference/programs.py)."""
+  the next (runtime/programs.py)."""
   return bucket_boundaries(max(longest, at_least), growth=growth, multiple=8)
 
 

@@ -12,13 +12,14 @@ Dimension legend: B batch, K beam, L output length, V vocab.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
 from transformer_nmt.decoding.search import (
   BeamCache,
   LogitsFn,
@@ -30,8 +31,6 @@ from transformer_nmt.decoding.search import (
 )
 from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.decoding.spec import SearchSpec
-from transformer_nmt.decoding.topk import top_k
-from transformer_nmt.model import sums
 from transformer_nmt.model.attention import NEG_INF
 
 
@@ -103,12 +102,11 @@ def init_state(cache: Any, batch: int, beam_size: int, length: int, pad_id: int,
 
 def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float, bos_id: int,
          eos_id: int, stop: str = DECODE.beam_stop, min_len: int = DECODE.min_len,
-         no_repeat_ngram: int = DECODE.no_repeat_ngram, halving_sums: bool = False
+         no_repeat_ngram: int = DECODE.no_repeat_ngram, kernels: Kernels = REFERENCE
          ) -> BeamState:
   """Extends every live beam by one token, keeping the top K live and top K finished (under
   the output controls of `search.constrain`); a state of one beam per row becomes one of K.
-  `halving_sums` (search.halving_sums): the logsumexp of model/sums.py and block maxima taken
-  elementwise (topk.top_k)."""
+  `kernels`: the logsumexp and top-k it ranks with."""
   batch, width, length = s.seqs.shape  # width: 1 for a state begun on one beam, else K
   k = s.scores.shape[1]
   prev = jnp.where(s.t == 0, bos_id, s.seqs[:, :, jnp.maximum(s.t - 1, 0)])  # [B, width]
@@ -117,8 +115,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   logits = logits.astype(jnp.float32)
   # The model's own log-probabilities: banned tokens drop out, the others are not renormalised
   # (as in fairseq), so scores stay those of forced decoding.
-  logsumexp = sums.logsumexp if halving_sums else jax.nn.logsumexp
-  lse = logsumexp(logits, axis=-1, keepdims=True)  # [B*width, 1]
+  lse = kernels.logsumexp(logits, axis=-1, keepdims=True)  # [B*width, 1]
   model_logits = logits
   if min_len or no_repeat_ngram:
     logits = constrain(logits, s.seqs.reshape(batch * width, length), s.t, at_limit,
@@ -128,7 +125,7 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
     only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
     logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
-  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, halving_sums)
+  cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, kernels.top_k)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, width, -1)).reshape(batch, -1)
   if total.shape[1] < 2 * k:  # one beam over fewer than 2K tokens: impossible extensions
     total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
@@ -155,16 +152,16 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
 
 
 def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
-                eos_id: int, elementwise_max: bool = False) -> tuple[jax.Array, jax.Array]:
+                eos_id: int, find_top: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
+                ) -> tuple[jax.Array, jax.Array]:
   """Each beam's n best next tokens and their log-probabilities: [N, V] logits (and their
   [N, 1] logsumexp) -> [N, n] twice.
 
   The best n extensions of a sentence are among the best n of each of its beams, so the
-  search ranks K * n candidates instead of K * V, with `topk.top_k` in place of `lax.top_k`:
-  faster than log-softmax and top-k over the whole [B, K * V]. Beams `at_limit` offer only
-  EOS.
+  search ranks K * n candidates instead of K * V (`find_top`: Kernels.top_k), faster than
+  log-softmax and top-k over the whole [B, K * V]. Beams `at_limit` offer only EOS.
   """
-  values, token = top_k(logits, n, elementwise_max)
+  values, token = find_top(logits, n)
   only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)
   values = jnp.where(at_limit[:, None], only_eos, values)
   return values - lse, jnp.where(at_limit[:, None], eos_id, token).astype(jnp.int32)
@@ -228,7 +225,7 @@ def beam(spec: SearchSpec, length: int) -> Search:
                                           bos_id=spec.bos_id, eos_id=spec.eos_id,
                                           stop=d.beam_stop, min_len=d.min_len,
                                           no_repeat_ngram=d.no_repeat_ngram,
-                                          halving_sums=spec.halving_sums),
+                                          kernels=spec.kernels),
       lambda s, max_lens: rows_done(s, max_lens, d.alpha, d.beam_stop),
       lambda s: result(s, spec.eos_id, spec.pad_id, spec.n_best),
       lambda cache, max_lens, prefix=None: init_state(cache, max_lens.shape[0], k, length,

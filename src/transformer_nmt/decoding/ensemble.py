@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_nmt.config import ModelConfig
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
 from transformer_nmt.decoding.search import LogitsFn
-from transformer_nmt.model.transformer import Transformer
 
 Models = Union[ModelConfig, Sequence[ModelConfig]]  # one model, or an ensemble's members
 
@@ -98,32 +98,30 @@ def members(cfg: Models, params: Any) -> list[tuple[ModelConfig, Any]]:
   return list(zip(cfg, params)) if is_ensemble(cfg) else [(cfg, params)]
 
 
-def start(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
-          length: int) -> Any:
+def start(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array, length: int,
+          kernels: Kernels = REFERENCE) -> Any:
   """Encodes src [B, S] and returns the decoder cache for `length` steps (an EnsembleCache
-  holding one per member for an ensemble)."""
+  holding one per member for an ensemble), of `kernels.network`."""
   caches = []
   for c, p in members(cfg, params):
-    model, variables = Transformer(c), {'params': p}
-    memory = model.apply(variables, src, src_segments, method=Transformer.encode)
-    caches.append(model.apply(variables, memory, src_segments, length,
-                              method=Transformer.init_cache))
+    model, variables = kernels.network(c), {'params': p}
+    memory = model.apply(variables, src, src_segments, method='encode')
+    caches.append(model.apply(variables, memory, src_segments, length, method='init_cache'))
   return EnsembleCache(tuple(caches)) if is_ensemble(cfg) else caches[0]
 
 
-def step_fn(cfg: Models, params: Any) -> LogitsFn:
-  """The decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)`: one model's logits,
-  or the mean of the members' log-probabilities."""
+def step_fn(cfg: Models, params: Any, kernels: Kernels = REFERENCE) -> LogitsFn:
+  """The decoder step `logits_fn(ids [N], cache) -> ([N, V], cache)` of `kernels.network`:
+  one model's logits, or the mean of the members' log-probabilities."""
   if not is_ensemble(cfg):
-    model = Transformer(cfg)
-    return lambda ids, cache: model.apply({'params': params}, ids, cache,
-                                          method=Transformer.decode_step)
+    model = kernels.network(cfg)
+    return lambda ids, cache: model.apply({'params': params}, ids, cache, method='decode_step')
 
   def step(ids: jax.Array, cache: EnsembleCache) -> tuple[jax.Array, EnsembleCache]:
     logps, caches = [], []
     for (c, p), member in zip(members(cfg, params), cache.members):
-      logits, member = Transformer(c).apply({'params': p}, ids, member,
-                                            method=Transformer.decode_step)
+      logits, member = kernels.network(c).apply({'params': p}, ids, member,
+                                                method='decode_step')
       logps.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
       caches.append(member)
     return jnp.mean(jnp.stack(logps), axis=0), EnsembleCache(tuple(caches))

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 from typing import Any, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,9 +22,10 @@ from transformer_nmt.config import ModelConfig
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
 from transformer_nmt.decoding.search import Jit, plain_jit
 from transformer_nmt.decoding.settings import DECODE
-from transformer_nmt.model.transformer import Transformer, last_cross_attention
+from transformer_nmt.model.transformer import last_cross_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +40,15 @@ class Scored:
   attention: np.ndarray  # [T + 1, S + 1] float32, each row summing to 1
 
 
-def token_scores(cfg: Models, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+def token_scores(cfg: Models, params: Any, batch: dict,
+                 kernels: Kernels = REFERENCE) -> tuple[jax.Array, jax.Array]:
   """Teacher-forced log P of each `tgt_out` token [B, T] and the last decoder layer's
   cross-attention, mean over heads [B, T, S] (float32). For an ensemble, log P is that of
   the normalised mean of the members' log-probabilities (as in decoding/ensemble.py) and
   the attention the first member's. The alignment is the attention's argmax over S, taken
-  by the caller (Scorer) so that one program serves both."""
-  scored = [_member_scores(c, p, batch) for c, p in ensemble.members(cfg, params)]
+  by the caller (Scorer) so that one program serves both. `kernels.network` computes."""
+  scored = [_member_scores(kernels.network(c), c, p, batch)
+            for c, p in ensemble.members(cfg, params)]
   logp = jnp.mean(jnp.stack([s for s, _ in scored]), axis=0)  # [B, T, V]
   if ensemble.is_ensemble(cfg):
     logp = jax.nn.log_softmax(logp, axis=-1)
@@ -52,9 +56,10 @@ def token_scores(cfg: Models, params: Any, batch: dict) -> tuple[jax.Array, jax.
   return target, scored[0][1]
 
 
-def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+def _member_scores(network: nn.Module, cfg: ModelConfig, params: Any,
+                   batch: dict) -> tuple[jax.Array, jax.Array]:
   """One model's log-probabilities [B, T, V] and head-mean cross-attention [B, T, S]."""
-  logits, state = Transformer(cfg).apply(
+  logits, state = network.apply(
       {'params': params}, batch['src'], batch['tgt_in'], batch['src_segments'],
       batch['tgt_segments'], batch['src_positions'], batch['tgt_positions'],
       mutable=['intermediates'])
@@ -66,15 +71,15 @@ def _member_scores(cfg: ModelConfig, params: Any, batch: dict) -> tuple[jax.Arra
 class Scorer:
   """Scores (source, target) id rows in length buckets of about `tokens_per_batch` padded
   tokens per side; one compile per bucket shape (`jit`: search.plain_jit, or a
-  ProgramStore's, which keeps them across runs)."""
+  ProgramStore's, which keeps them across runs), computed by `kernels.network`."""
 
   def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int,
                max_input_len: int = DECODE.max_input_len,
                length_growth: float = DECODE.length_growth,
-               jit: Jit = plain_jit):
+               jit: Jit = plain_jit, kernels: Kernels = REFERENCE):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
     self.max_input_len, self.length_growth = max_input_len, length_growth
-    self._scores = jit(functools.partial(token_scores, cfg), 'score')
+    self._scores = jit(functools.partial(token_scores, cfg, kernels=kernels), 'score')
 
   def precompile(self, params: Any, max_rows: int, max_length: int, eos_id: int) -> int:
     """Makes (compiles, or loads from the store) the programs of every batch that scoring at

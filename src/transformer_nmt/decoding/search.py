@@ -15,7 +15,6 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.decoding import topk
 from transformer_nmt.decoding.settings import DECODE
 from transformer_nmt.decoding.spec import SearchSpec
 from transformer_nmt.model.attention import NEG_INF
@@ -26,7 +25,7 @@ LogitsFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 class Jit(Protocol):
   """How the decoders compile their programs: `jax.jit` with a name for the program
   (`plain_jit`), or the engine's ProgramStore.jit, which keeps them on disk; both take XLA
-  `compiler_options` (the engine's: inference/compiler.py)."""
+  `compiler_options` (the engine's: runtime/compiler.py)."""
 
   def __call__(self, fn: Callable, name: str, static_argnums: Sequence[int] = (),
                donate_argnums: Sequence[int] = (),
@@ -233,7 +232,6 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
   `rng`), into outputs of `length` positions (see `greedy_search`), under the output
   controls of `constrain`."""
   d, bos_id, eos_id, pad_id = spec.decode, spec.bos_id, spec.eos_id, spec.pad_id
-  elementwise_max = spec.halving_sums  # block maxima (topk.top_k)
 
   def init(cache: Any, max_lens: jax.Array, prefix: Optional[Prefix] = None) -> GreedyState:
     if spec.sampling and rng is None:
@@ -249,7 +247,7 @@ def greedy(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Se
     if d.min_len or d.no_repeat_ngram:
       logits = constrain(logits, s.ids, s.t, at_limit, eos_id=eos_id, min_len=d.min_len,
                          no_repeat_ngram=d.no_repeat_ngram)
-    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t, elementwise_max)
+    token = _pick(logits, d.temperature, d.top_k, s.rng, s.t, spec.kernels.top_k)
     if s.prefix is not None:
       forced, given = s.prefix.forced(s.t)
       token = jnp.where(forced, given, token)
@@ -286,14 +284,15 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lens: jax.Array, spec: Se
 
 
 def _pick(logits: jax.Array, temperature: float, top_k: int, rng: Optional[jax.Array],
-          t: jax.Array, elementwise_max: bool = False) -> jax.Array:
-  """argmax, or a sample from softmax(logits / temperature) restricted to the top k
-  (`elementwise_max`: see topk.top_k)."""
-  if temperature <= 0.0:  # argmax; topk.top_k picks the same (lowest) index on ties and is
-    return topk.top_k(logits, 1, elementwise_max)[1][:, 0]  # faster on XLA CPU
+          t: jax.Array, find_top: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
+          ) -> jax.Array:
+  """argmax (the top 1 of `find_top`, Kernels.top_k: the lowest index on ties), or a sample
+  from softmax(logits / temperature) restricted to the top k."""
+  if temperature <= 0.0:
+    return find_top(logits, 1)[1][:, 0]
   logits = logits.astype(jnp.float32) / temperature
   if top_k > 0:
-    kth = topk.top_k(logits, top_k, elementwise_max)[0][:, -1:]
+    kth = find_top(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
   token = jax.random.categorical(jax.random.fold_in(rng, t), logits, axis=-1)
   return token.astype(jnp.int32)

@@ -56,11 +56,10 @@ class DecodeConfig:
   # 'off' (the paper: the likeliest hypothesis) or a sentence-level utility, 'bleu' or 'chrf':
   # minimum Bayes risk choice among the beam's beam_size finished hypotheses (decoding/mbr.py).
   mbr: str = 'off'
-  # On a CPU: compile the decoding programs without XLA's YNNPACK reductions, whose order of
-  # summation depends on the tensor's shape, so that a sentence's translation and scores do not
-  # depend on the batch it shares (serve.py answers as decode.py does with it too). Off by default:
-  # large batches decode slower with it. No effect on other backends, or where XLA_FLAGS sets
-  # xla_cpu_experimental_ynn_fusion_type itself.
+  # On a CPU: sum in an order that does not depend on the batch's shape, so that a sentence's
+  # translation and scores do not depend on the batch it shares (serve.py answers as decode.py
+  # does with it too; how: runtime/compiler.py). Off by default: large batches decode slower
+  # with it. No effect on other backends.
   batch_invariant: bool = False
 
   def __post_init__(self) -> None:

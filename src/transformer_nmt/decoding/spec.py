@@ -4,7 +4,7 @@ The decode section of a run's config (settings.DecodeConfig: beam size, length p
 limits, stopping rule, sampling, output controls) says how to search; the tokenizer says
 which ids begin, end and pad an output; the caller says how many hypotheses per sentence it
 wants back. A `SearchSpec` holds the three, checked together where it is made, and the search
-functions (translate.translate, translate.CompactingTranslate, beam.beam, search.greedy) read
+functions (translate.translate, runtime CompactingTranslate, beam.beam, search.greedy) read
 what they need from it. An output control is added to DecodeConfig (its value and check) and
 to the search that applies it, nowhere in between.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
 from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.errors import ConfigError
 
@@ -27,9 +28,9 @@ class SearchSpec:
   pad_id: int
   decode: DecodeConfig = DECODE
   n_best: int = 1
-  # The search's logsumexp and top-k maxima as halvings (model/sums.py): set by an engine whose
-  # programs sum outside YNNPACK (inference/compiler.py), where XLA's own loops run slowly.
-  halving_sums: bool = False
+  # What the search and its decoder step compute with (kernels.py): the engine chooses it
+  # for its backend.
+  kernels: Kernels = REFERENCE
 
   def __post_init__(self) -> None:
     d = self.decode

@@ -1,7 +1,7 @@
 """Translate padded source batches with a Transformer (one model or an ensemble): greedy or
 beam search over the cached decoder (self-attention K/V cache, cross-attention K/V computed
-once per batch), as one jitted loop (`translate`) or driven from the host with finished
-sentences dropped (`CompactingTranslate`, what the engine runs).
+once per batch), as one jitted loop (`translate`). The CPU runtime drives the same search
+from the host, dropping finished sentences (runtime/compaction.py's CompactingTranslate).
 """
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_nmt.config import ModelConfig
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import beam
-from transformer_nmt.decoding.compaction import CompactingDecoder
 from transformer_nmt.decoding.ensemble import Models
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
 from transformer_nmt.decoding.search import (
-  Jit,
   LogitsFn,
   Prefix,
   Search,
   greedy,
   padded_length,
-  plain_jit,
 )
 from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
@@ -34,11 +31,12 @@ Decoder = Callable[[Models, Any, jax.Array, jax.Array, int], tuple[LogitsFn, Any
 
 
 def cached_decoder(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
-                   length: int) -> tuple[LogitsFn, Any]:
+                   length: int, kernels: Kernels = REFERENCE) -> tuple[LogitsFn, Any]:
   """The paper's decoder as it runs incrementally: the encoder once, the cross-attention K/V
   once per batch, a self-attention K/V cache of `length` positions (one model or an
-  ensemble)."""
-  return ensemble.step_fn(cfg, params), ensemble.start(cfg, params, src, src_segments, length)
+  ensemble), computed by `kernels.network`."""
+  return (ensemble.step_fn(cfg, params, kernels),
+          ensemble.start(cfg, params, src, src_segments, length, kernels))
 
 
 def search_for(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -> Search:
@@ -50,7 +48,7 @@ def search_for(spec: SearchSpec, length: int, rng: Optional[jax.Array] = None) -
   return beam(spec, length)
 
 
-def _max_lens(src_segments: jax.Array, d: DecodeConfig,
+def output_limits(src_segments: jax.Array, d: DecodeConfig,
               prefix: Optional[Prefix] = None) -> jax.Array:
   """[B] output limits in tokens with EOS: source length + `d.max_extra_len` (§6.1), or
   prefix length + that if longer; at most `d.max_len` subwords and EOS when it is above 0,
@@ -96,64 +94,21 @@ def translate(cfg: Models, params: Any, src: jax.Array, src_segments: jax.Array,
   cache starts at 2 chunks and doubles as needed (decoding.decode_loop). `prefix` [B, P]
   (padded with `spec.pad_id`) gives the tokens each output must start with; the search
   continues after. Output rows hold the tokens, EOS, then `spec.pad_id`. `decoder` replaces
-  the cached one, `cached_decoder`. Jit with `cfg`, `spec` and `decoder` bound.
-  `CompactingTranslate` gives the same outputs faster, dropping finished sentences.
+  the cached one, `cached_decoder` (of `spec.kernels`). Jit with `cfg`, `spec` and `decoder`
+  bound.
   """
   d = spec.decode
   given = as_prefix(prefix, spec.pad_id)
   steps = output_length(src.shape[1], d.max_extra_len, d.max_len,
                         0 if prefix is None else prefix.shape[1])
   length = padded_length(steps, d.chunk)
-  logits_fn, cache = (decoder or cached_decoder)(cfg, params, src, src_segments, length)
+  if decoder is None:
+    logits_fn, cache = cached_decoder(cfg, params, src, src_segments, length, spec.kernels)
+  else:
+    logits_fn, cache = decoder(cfg, params, src, src_segments, length)
   search = search_for(spec, length, rng)
-  return search.run(logits_fn, cache, _max_lens(src_segments, d, given), steps, d.chunk,
+  return search.run(logits_fn, cache, output_limits(src_segments, d, given), steps, d.chunk,
                     grow_cache, given)
-
-
-class CompactingTranslate:
-  """`translate` run from the host in chunks of steps that drop finished sentences from the
-  batch (compaction.py): same search, same outputs (up to float rounding in matmuls of other
-  batch sizes), as a numpy array. Sampling draws differ, since a row's draws depend on its
-  place in the batch. `jit` compiles its programs (plain_jit, or a ProgramStore's, which
-  keeps them across runs); batches are never compacted below `min_rows` rows."""
-
-  def __init__(self, cfg: Models, spec: SearchSpec, *, min_rows: int = 1,
-               jit: Jit = plain_jit):
-    self.cfg, self.spec = cfg, spec
-    self.decoder = CompactingDecoder(lambda length: search_for(spec, length),
-                                     lambda params: ensemble.step_fn(cfg, params),
-                                     spec.decode.chunk, min_rows, jit)
-    self._start = jit(self._start_impl, 'start', static_argnums=(5,))
-
-  def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
-                  rng: Optional[jax.Array], prefix: Optional[jax.Array],
-                  length: int) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
-    """Encodes the batch and takes the steps of the first cache stage, 2 chunks
-    (Search.begin: a beam search's first step on B rows): (state, max_lens, rows done,
-    result), the last two as the decoder's advance program gives them. The first stage's
-    steps thus need no advance program of their own (its step is compiled once, here); a
-    sentence seldom ends within the first chunk, where the decoder would otherwise have looked
-    for finished ones."""
-    first = self.decoder.cache_lengths(length)[0]
-    cache = ensemble.start(self.cfg, params, src, src_segments, first)
-    given = as_prefix(prefix, self.spec.pad_id)
-    max_lens = _max_lens(src_segments, self.spec.decode, given)
-    search = search_for(self.spec, length, rng)
-    state = search.begin(ensemble.step_fn(self.cfg, params), cache, max_lens, first, given)
-    return state, max_lens, search.rows_done(state, max_lens), search.result(state)
-
-  def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
-               rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None,
-               every_stage: bool = False) -> np.ndarray:
-    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`);
-    `every_stage` runs the batch through every cache stage (CompactingDecoder)."""
-    d = self.spec.decode
-    steps = output_length(src.shape[1], d.max_extra_len, d.max_len,
-                          0 if prefix is None else prefix.shape[1])
-    length = -(-steps // d.chunk) * d.chunk  # whole chunks (the cache stages' unit)
-    state, max_lens, done, result = self._start(params, src, src_segments, rng, prefix, length)
-    return self.decoder(params, state, max_lens, length, every_stage,
-                        begun=(done, result))[..., :steps]
 
 
 def translate_greedy(cfg: ModelConfig, params: Any, src: jax.Array, src_segments: jax.Array, *,

@@ -19,18 +19,19 @@ import numpy as np
 from transformer_nmt.data import batching as data_lib
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.beam import length_penalty
-from transformer_nmt.decoding.compaction import batch_sizes
 from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
 from transformer_nmt.decoding.settings import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
-from transformer_nmt.decoding.translate import CompactingTranslate, output_length, translate
+from transformer_nmt.decoding.translate import output_length, translate
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.inference import batches, heap, long_lines
-from transformer_nmt.inference.compiler import compiler_options, halving_sums
+from transformer_nmt.inference import batches, long_lines
 from transformer_nmt.inference.hypotheses import Hypothesis, joined
 from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
-from transformer_nmt.inference.programs import ProgramStore, Unprepared, identity, jit_factory
+from transformer_nmt.runtime import heap
+from transformer_nmt.runtime.compaction import CompactingTranslate, batch_sizes
+from transformer_nmt.runtime.compiler import compiler_options, kernels
+from transformer_nmt.runtime.programs import ProgramStore, Unprepared, identity, jit_factory
 from transformer_nmt.workdir import Workdir
 
 Progress = Optional[Callable[[int], None]]  # called with the number of sentences just done
@@ -56,7 +57,7 @@ class Engine:
   Lines become source rows (long ones in pieces, long_lines.py), rows are planned into
   batches over a grid of lengths and batch sizes (the same shapes for every input, so the
   compiled programs recur), and each batch runs the compacting, cached decoder
-  (translate.CompactingTranslate; with `decode.compact` off, one jitted loop).
+  (runtime/compaction.py's CompactingTranslate; with `decode.compact` off, one jitted loop).
 
     engine = Engine.load(['runs/base'])             # the run's own decode settings
     engine.translate(['Ein Hund läuft.'])           # -> ['A dog is running.']
@@ -81,8 +82,8 @@ class Engine:
     warm-up: `seal`)."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
-    halving = halving_sums(d.batch_invariant)  # programs summing without YNNPACK
-    self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best, halving)
+    self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best,
+                           kernels(d.batch_invariant))
     if concurrent_batches < 0:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
@@ -104,8 +105,7 @@ class Engine:
     # Sampling only (batch i uses fold_in(rng, i)); a search does not draw, and making keys
     # would compile programs of their own.
     self._rng = jax.random.key(d.seed) if self.spec.sampling else None
-    # Programs summing without YNNPACK write their sums as halvings (model/sums.py)
-    cfg = ensemble.each(model.cfg, halving_sums=halving)
+    cfg = model.cfg
     self.store = None if programs is None else ProgramStore(programs, identity(
         models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
@@ -119,7 +119,7 @@ class Engine:
           cfg, params, src, segments, searched, rng=rng, prefix=prefix), 'translate')
     self.scorer = Scorer(cfg, bos_id=tgt.bos_id, pad_id=tgt.pad_id,
                          tokens_per_batch=d.tokens_per_batch, max_input_len=d.max_input_len,
-                         length_growth=d.length_growth, jit=jit)
+                         length_growth=d.length_growth, jit=jit, kernels=self.spec.kernels)
 
   @classmethod
   def load(cls, workdirs: str | pathlib.Path | Sequence[str | pathlib.Path],

@@ -18,7 +18,7 @@ from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.settings import DECODE, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
-from transformer_nmt.inference import host_cpu, snapshots
+from transformer_nmt.runtime import host_cpu, snapshots
 from transformer_nmt.workdir import Workdir
 
 if TYPE_CHECKING:  # Orbax's import is left to the runs that restore a checkpoint

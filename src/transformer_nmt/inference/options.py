@@ -15,8 +15,8 @@ from absl import flags
 from transformer_nmt.cli import use_compile_cache
 from transformer_nmt.decoding.settings import BEAM_STOPS, DECODE, MBR_UTILITIES, DecodeConfig
 from transformer_nmt.errors import ConfigError, DataError
-from transformer_nmt.inference import heap
 from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
+from transformer_nmt.runtime import heap
 from transformer_nmt.workdir import Workdir
 
 _RUN = " (default: the run's decode.{}, normally {})"

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.model import sums
 from transformer_nmt.model.attention import (
   KVCache,
   MultiHeadAttention,
@@ -27,22 +26,28 @@ from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.layers import Embed, FeedForward, sinusoidal_positions
 
 
-def _layer_norm(cfg: ModelConfig, name: Optional[str] = None) -> nn.Module:
-  if cfg.halving_sums:
-    return sums.LayerNorm(epsilon=cfg.layer_norm_epsilon, name=name)
-  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.float32, name=name)
+def layer_norm(cfg: ModelConfig) -> nn.Module:
+  """Layer normalisation (§3.1) in float32, whatever the compute dtype."""
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.float32)
 
 
 class _SublayerStack(nn.Module):
   """Shared residual wiring: post-LN LayerNorm(x + Dropout(f(x))) (§3.1, §5.4) or pre-LN
-  x + Dropout(f(LayerNorm(x))) (tensor2tensor)."""
+  x + Dropout(f(LayerNorm(x))) (tensor2tensor). `layer_norm` and `attention` make its
+  submodules (a runtime's subclass computes them its own way: runtime/network.py)."""
 
   cfg: ModelConfig
   num_sublayers: int
 
   def setup(self) -> None:
-    self.norms = [_layer_norm(self.cfg) for _ in range(self.num_sublayers)]
+    self.norms = [self.layer_norm() for _ in range(self.num_sublayers)]
     self.dropout = Dropout(self.cfg.residual_dropout, self.cfg.dropout_bits)
+
+  def layer_norm(self) -> nn.Module:
+    return layer_norm(self.cfg)
+
+  def attention(self) -> MultiHeadAttention:
+    return MultiHeadAttention(self.cfg)
 
   def residual(self, i: int, x: jax.Array, fn: Callable[[jax.Array], jax.Array],
                deterministic: bool) -> jax.Array:
@@ -59,7 +64,7 @@ class EncoderLayer(_SublayerStack):
 
   def setup(self) -> None:
     super().setup()
-    self.self_attention = MultiHeadAttention(self.cfg)
+    self.self_attention = self.attention()
     self.ffn = FeedForward(self.cfg)
 
   def __call__(self, x: jax.Array, mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
@@ -75,18 +80,13 @@ class DecoderLayer(_SublayerStack):
 
   def setup(self) -> None:
     super().setup()
-    self.self_attention = MultiHeadAttention(self.cfg)
-    self.cross_attention = MultiHeadAttention(self.cfg)
+    self.self_attention = self.attention()
+    self.cross_attention = self.attention()
     self.ffn = FeedForward(self.cfg)
 
   def cross_kv(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Encoder output [B, S, D] -> cross-attention keys, values [B, S, H, Dh]."""
     return self.cross_attention.project_kv(memory)
-
-  def step_kv(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Encoder output [B, S, D] -> the cross-attention keys [B, H, S, Dh] and values
-    [B, S, H, Dh] that `step` takes (MultiHeadAttention.step_kv)."""
-    return self.cross_attention.step_kv(memory)
 
   def __call__(self, y: jax.Array, memory: jax.Array, self_mask: jax.Array,
                cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
@@ -104,13 +104,12 @@ class DecoderLayer(_SublayerStack):
       out, cache = self.self_attention.step(h, cache)
       return out
     y_t = self.residual(0, y_t, self_attend, True)
-    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True, one_query=True), cache
+    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True), cache
 
   def _cross_and_ffn(self, y: jax.Array, k: jax.Array, v: jax.Array,
-                     cross_mask: Optional[jax.Array], deterministic: bool,
-                     one_query: bool = False) -> jax.Array:
+                     cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
     y = self.residual(1, y, lambda h: self.cross_attention.attend(
-        h, k, v, cross_mask, deterministic, one_query), deterministic)
+        h, k, v, cross_mask, deterministic), deterministic)
     return self.residual(2, y, lambda h: self.ffn(h, deterministic), deterministic)
 
 
@@ -118,12 +117,10 @@ class DecoderLayer(_SublayerStack):
 class DecoderCache:
   """Everything incremental decoding reuses across steps (one entry per decoder layer).
 
-  self_attention: KVCache per layer (see its layout).
-  cross_k: [B', H, S, Dh] per layer, computed once per batch, laid out per head (one
-    decoding step's logits are then a matmul per sentence and head: one_step.py).
-  cross_v: [B', S, H, Dh] per layer, computed once per batch.
-  cross_mask: [B', 1, 1, S] bool, real source positions.
-  In beam search B = B' * K: the K beams of a sentence share its cross-attention entries.
+  self_attention: KVCache per layer.
+  cross_k, cross_v: [B, S, H, Dh] per layer, the encoder-decoder attention's keys and values,
+    computed once per batch.
+  cross_mask: [B, 1, 1, S] bool, real source positions.
   """
 
   self_attention: tuple[KVCache, ...]
@@ -136,16 +133,14 @@ class DecoderCache:
     return self.self_attention[0].index
 
   def reorder_beams(self, gather: Callable[[Any], Any]) -> DecoderCache:
-    """Beam search's reordering: only the self-attention K/V differ between the beams of a
-    sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
-    return self.replace(self_attention=tuple(kv.reorder(gather) for kv in self.self_attention))
+    """Beam search's reordering (`gather` maps rows within each sentence's beams): only the
+    self-attention K/V differ between the beams of a sentence."""
+    return self.replace(self_attention=gather(self.self_attention))
 
-  def tile_beams(self, beam_size: int, slots: Optional[bool] = None) -> DecoderCache:
-    """Beam search's K copies of each row, of the self-attention caches only: decode_step's
-    cross-attention lets the K beams of a sentence share its cross-attention K/V and mask.
-    `slots`: see KVCache.tile."""
-    return self.replace(self_attention=tuple(kv.tile(beam_size, slots)
-                                             for kv in self.self_attention))
+  def tile_beams(self, beam_size: int) -> DecoderCache:
+    """Beam search's K copies of each row: [B, ...] -> [B*K, ...]."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, self)
 
   def resize(self, length: int) -> DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
@@ -172,15 +167,11 @@ class Transformer(nn.Module):
     cfg = self.cfg
     self.tgt_embed = Embed(cfg.vocab_size, cfg)
     self.src_embed = self.tgt_embed if cfg.share_embeddings else Embed(cfg.src_vocab, cfg)
-    encoder_layer, decoder_layer = EncoderLayer, DecoderLayer
-    if cfg.remat:  # keep only layer inputs for the backward pass; `deterministic` is static
-      encoder_layer = nn.remat(EncoderLayer, static_argnums=(3,))
-      decoder_layer = nn.remat(DecoderLayer, static_argnums=(5,))
-    self.encoder_layers = [encoder_layer(cfg) for _ in range(cfg.encoder_depth)]
-    self.decoder_layers = [decoder_layer(cfg) for _ in range(cfg.decoder_depth)]
+    self.encoder_layers = [self.encoder_layer() for _ in range(cfg.encoder_depth)]
+    self.decoder_layers = [self.decoder_layer() for _ in range(cfg.decoder_depth)]
     if cfg.norm_position == 'pre':  # pre-LN needs a final LayerNorm on each stack
-      self.encoder_norm = _layer_norm(cfg)
-      self.decoder_norm = _layer_norm(cfg)
+      self.encoder_norm = self.layer_norm()
+      self.decoder_norm = self.layer_norm()
     if not cfg.tie_output:
       self.output = xavier_dense(cfg.vocab_size, cfg, False, 'output')
     if cfg.final_logits_bias:  # Marian's; zero at the start, as there
@@ -191,6 +182,21 @@ class Transformer(nn.Module):
     # Modules with rate 0 draw nothing, so the other masks stay those of runs without it.
     self.src_word_dropout = Dropout(cfg.source_word_dropout, cfg.dropout_bits, (-1,))
     self.tgt_word_dropout = Dropout(cfg.target_word_dropout, cfg.dropout_bits, (-1,))
+
+  # The submodules a runtime's subclass replaces (runtime/network.py); the names, and so the
+  # parameters, stay the same.
+  def encoder_layer(self) -> EncoderLayer:
+    if self.cfg.remat:  # keep only layer inputs for the backward pass; `deterministic` is static
+      return nn.remat(EncoderLayer, static_argnums=(3,))(self.cfg)
+    return EncoderLayer(self.cfg)
+
+  def decoder_layer(self) -> DecoderLayer:
+    if self.cfg.remat:
+      return nn.remat(DecoderLayer, static_argnums=(5,))(self.cfg)
+    return DecoderLayer(self.cfg)
+
+  def layer_norm(self) -> nn.Module:
+    return layer_norm(self.cfg)
 
   def _embed(self, embed: Embed, word_dropout: Dropout, ids: jax.Array,
              positions: Optional[jax.Array], deterministic: bool) -> jax.Array:
@@ -246,26 +252,21 @@ class Transformer(nn.Module):
   def init_cache(self, memory: jax.Array, src_segments: jax.Array, max_len: int) -> DecoderCache:
     """Precomputes cross-attention K/V and empty self-attention caches for `max_len` steps."""
     batch = memory.shape[0]
-    kvs = [layer.step_kv(memory) for layer in self.decoder_layers]
+    kvs = [layer.cross_kv(memory) for layer in self.decoder_layers]
     empty = KVCache.zeros(batch, max_len, self.cfg.num_heads, self.cfg.head_dim,
                           jnp.dtype(self.cfg.dtype))
     return DecoderCache(self_attention=tuple(empty for _ in self.decoder_layers),
                         cross_k=tuple(k for k, _ in kvs), cross_v=tuple(v for _, v in kvs),
                         cross_mask=(src_segments > 0)[:, None, None, :])
 
-  def decode_step(self, ids_t: jax.Array, cache: DecoderCache,
-                  memory: Optional[jax.Array] = None) -> tuple[jax.Array, DecoderCache]:
-    """ids_t: [B] the previous token -> (logits [B, V] for the next one, advanced cache).
-
-    With `memory` ([B, S, D]) the cross-attention K/V are recomputed from it at every step
-    instead of read from the cache (only for measuring what reusing them saves).
-    """
+  def decode_step(self, ids_t: jax.Array, cache: DecoderCache) -> tuple[jax.Array, DecoderCache]:
+    """ids_t: [B] the previous token -> (logits [B, V] for the next one, advanced cache)."""
     positions = jnp.broadcast_to(cache.index, (ids_t.shape[0], 1))
     y = self._embed(self.tgt_embed, self.tgt_word_dropout, ids_t[:, None], positions,
                     True)  # [B, 1, D]
     new_caches = []
-    for i, (layer, kv) in enumerate(zip(self.decoder_layers, cache.self_attention)):
-      k, v = (cache.cross_k[i], cache.cross_v[i]) if memory is None else layer.step_kv(memory)
+    for layer, kv, k, v in zip(self.decoder_layers, cache.self_attention, cache.cross_k,
+                               cache.cross_v):
       y, kv = layer.step(y, kv, k, v, cache.cross_mask)
       new_caches.append(kv)
     logits = self._logits(y)[:, 0].astype(jnp.float32)  # the search sums log-probabilities

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.errors import UserError
 from transformer_nmt.inference.engine import Engine
-from transformer_nmt.inference.programs import Unprepared
+from transformer_nmt.runtime.programs import Unprepared
 from transformer_nmt.serving.api import (
   RETRY_AFTER_S,
   ApiError,

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import jax
 import prometheus_client as prom
 
-from transformer_nmt.inference import heap
 from transformer_nmt.inference.engine import Engine
+from transformer_nmt.runtime import heap
 from transformer_nmt.serving.scheduler import Scheduler
 
 

@@ -1,4 +1,4 @@
-"""model/sums.py: the halving sums give the library's values, in one order for every row
+"""runtime/sums.py: the halving sums give the library's values, in one order for every row
 count under decode.batch_invariant's XLA options, and leave XLA no reduce-window to make."""
 
 import flax.linen as nn
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.inference.compiler import compiler_options
-from transformer_nmt.model import sums
+from transformer_nmt.runtime import sums
+from transformer_nmt.runtime.compiler import compiler_options
 
 
 @pytest.mark.parametrize('shape,axis', [((3, 8000), -1), ((3, 257), -1), ((2, 41, 3, 64), 1),

@@ -1,13 +1,16 @@
-"""The XLA options of an engine's decoding programs on this backend: decode.batch_invariant
-turns off YNNPACK's reductions on a CPU (XLA_FLAGS read here, nowhere in decoding/), and
-programs compiled so write their sums as halvings (model/sums.py), passed to the model as
-ModelConfig.halving_sums and to the search as SearchSpec.halving_sums."""
+"""What an engine's decoding programs run on this backend: the XLA options (decode.batch_invariant
+turns off YNNPACK's reductions on a CPU; XLA_FLAGS read here, nowhere in decoding/) and the
+decoding.Kernels (`kernels`: this runtime's on a CPU, with sums as halvings in programs
+compiled so; the reference elsewhere)."""
 
 from __future__ import annotations
 
 import os
 
 import jax
+
+from transformer_nmt.decoding.kernels import REFERENCE, Kernels
+from transformer_nmt.runtime import network
 
 _YNN_FUSIONS = 'xla_cpu_experimental_ynn_fusion_type'
 
@@ -32,8 +35,11 @@ def compiler_options(batch_invariant: bool) -> dict[str, str]:
           'xla_cpu_use_fusion_emitters': 'False'}
 
 
-def halving_sums(batch_invariant: bool) -> bool:
-  """Whether the programs `compiler_options` gives sum without YNNPACK, and so should write
-  their sums and maxima as model/sums.py does (ModelConfig.halving_sums; the search's
-  logsumexp and top-k block maxima): XLA's own reduction loops run slowly otherwise."""
-  return bool(compiler_options(batch_invariant))
+def kernels(batch_invariant: bool) -> Kernels:
+  """The decoder step and search reductions of the programs `compiler_options` gives: on a
+  CPU this runtime's (network.py), with sums and maxima as halvings when those programs sum
+  without YNNPACK (XLA's own reduction loops run slowly otherwise); the reference (model/)
+  on other backends, for which no runtime of their own has been measured."""
+  if jax.default_backend() != 'cpu':
+    return REFERENCE
+  return network.CPU_BATCH_INVARIANT if compiler_options(batch_invariant) else network.CPU

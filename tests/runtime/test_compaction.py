@@ -8,18 +8,19 @@ import pytest
 
 from transformer_nmt import ModelConfig, Transformer, init_params
 from transformer_nmt.decoding.beam import beam
-from transformer_nmt.decoding.compaction import (
+from transformer_nmt.decoding.search import greedy
+from transformer_nmt.decoding.settings import DecodeConfig
+from transformer_nmt.decoding.spec import SearchSpec
+from transformer_nmt.decoding.translate import translate
+from transformer_nmt.runtime.compaction import (
   CompactingDecoder,
+  CompactingTranslate,
   compacted_size,
   on_host,
   resized_on_host,
   take_rows,
 )
-from transformer_nmt.decoding.search import greedy
-from transformer_nmt.decoding.settings import DecodeConfig
-from transformer_nmt.decoding.spec import SearchSpec
-from transformer_nmt.decoding.translate import CompactingTranslate, translate
-from transformer_nmt.inference.programs import ProgramStore, identity, jit_factory
+from transformer_nmt.runtime.programs import ProgramStore, identity, jit_factory
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 7

@@ -1,4 +1,4 @@
-"""Parameter snapshots (inference/snapshots.py): a second load of the same checkpoints reads
+"""Parameter snapshots (runtime/snapshots.py): a second load of the same checkpoints reads
 the snapshot without Orbax and gives the restored parameters exactly; other checkpoints,
 damaged snapshots and unwritable workdirs fall back to the checkpoint."""
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from transformer_nmt import checkpoint
-from transformer_nmt.inference import CheckpointChoice, load_workdir, snapshots
+from transformer_nmt.inference import CheckpointChoice, load_workdir
+from transformer_nmt.runtime import snapshots
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.decoding.topk import top_k
+from transformer_nmt.runtime.topk import top_k
 
 
 @pytest.mark.parametrize('shape', [(3, 8000), (2, 5, 1280), (4, 5003), (2, 40)])

@@ -1,4 +1,4 @@
-"""Compiled decoding programs kept on disk (inference/programs.py): a second engine with
+"""Compiled decoding programs kept on disk (runtime/programs.py): a second engine with
 the same settings calls them without compiling; stale, damaged and unwritable stores do not
 stop a translation; donated arguments stay donated through the store."""
 
@@ -19,8 +19,9 @@ import pytest
 from transformer_nmt.decoding import ensemble
 from transformer_nmt.decoding.settings import DecodeConfig
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.inference import Engine, heap, programs
-from transformer_nmt.inference.programs import ProgramStore, StoredJit, identity
+from transformer_nmt.inference import Engine
+from transformer_nmt.runtime import heap, programs
+from transformer_nmt.runtime.programs import ProgramStore, StoredJit, identity
 
 SETTINGS = DecodeConfig(beam_size=2, max_extra_len=4)
 
@@ -265,7 +266,7 @@ def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
   imported = programs.files_hash(package)
   edit_then_ask = (  # it edits only the copy it was given, never the tree under test
       'import pathlib, sys\n'
-      'from transformer_nmt.inference import programs\n'
+      'from transformer_nmt.runtime import programs\n'
       'root = pathlib.Path(programs.__file__).resolve().parents[1]\n'
       'assert root == pathlib.Path(sys.argv[1]).resolve(), root\n'
       "edited = root / 'model' / 'attention.py'\n"

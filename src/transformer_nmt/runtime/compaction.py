@@ -8,7 +8,7 @@ which rows are done and gathers the live ones into a smaller batch once one of t
 after every step). It also grows the self-attention cache in `decoding.cache_stages`. Each
 (rows, cache length) pair it meets compiles its own step, so the first batches compile more
 than the single loop does; later batches of the same shapes reuse them. A state may come
-with the first stage's steps taken (`begun`: translate.CompactingTranslate's start program
+with the first stage's steps taken (`begun`: CompactingTranslate's start program, below,
 takes them). On a CPU, where the state is host memory, the gathers and the cache growth run in
 numpy and compile nothing (on other devices each (rows, length) pair compiles a small program
 for them).
@@ -24,8 +24,12 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
+from transformer_nmt.decoding import ensemble
+from transformer_nmt.decoding.ensemble import Models
 from transformer_nmt.decoding.search import Jit, LogitsFn, Search, cache_stages, plain_jit
 from transformer_nmt.decoding.settings import DECODE
+from transformer_nmt.decoding.spec import SearchSpec
+from transformer_nmt.decoding.translate import as_prefix, output_length, output_limits, search_for
 
 
 def take_rows(tree: Any, rows: jax.Array, batch: int, beams: int) -> Any:
@@ -212,3 +216,51 @@ class CompactingDecoder:
                            if host else
                            self._take((state, max_lens), keep, len(origin), beams))
         origin = np.concatenate([origin[live], np.full(size - len(live), -1)])
+
+
+class CompactingTranslate:
+  """`translate.translate` run from the host in chunks of steps that drop finished sentences
+  from the batch (CompactingDecoder): same search, same outputs (up to float rounding in
+  matmuls of other batch sizes), as a numpy array. Sampling draws differ, since a row's
+  draws depend on its place in the batch. `jit` compiles its programs (plain_jit, or a
+  ProgramStore's, which keeps them across runs); batches are never compacted below
+  `min_rows` rows. The decoder step is `spec.kernels`'."""
+
+  def __init__(self, cfg: Models, spec: SearchSpec, *, min_rows: int = 1,
+               jit: Jit = plain_jit):
+    self.cfg, self.spec = cfg, spec
+    self.decoder = CompactingDecoder(lambda length: search_for(spec, length),
+                                     lambda params: ensemble.step_fn(cfg, params, spec.kernels),
+                                     spec.decode.chunk, min_rows, jit)
+    self._start = jit(self._start_impl, 'start', static_argnums=(5,))
+
+  def _start_impl(self, params: Any, src: jax.Array, src_segments: jax.Array,
+                  rng: Optional[jax.Array], prefix: Optional[jax.Array],
+                  length: int) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """Encodes the batch and takes the steps of the first cache stage, 2 chunks
+    (Search.begin: a beam search's first step on B rows): (state, max_lens, rows done,
+    result), the last two as the decoder's advance program gives them. The first stage's
+    steps thus need no advance program of their own (its step is compiled once, here); a
+    sentence seldom ends within the first chunk, where the decoder would otherwise have looked
+    for finished ones."""
+    first = self.decoder.cache_lengths(length)[0]
+    cache = ensemble.start(self.cfg, params, src, src_segments, first, self.spec.kernels)
+    given = as_prefix(prefix, self.spec.pad_id)
+    max_lens = output_limits(src_segments, self.spec.decode, given)
+    search = search_for(self.spec, length, rng)
+    state = search.begin(ensemble.step_fn(self.cfg, params, self.spec.kernels), cache,
+                         max_lens, first, given)
+    return state, max_lens, search.rows_done(state, max_lens), search.result(state)
+
+  def __call__(self, params: Any, src: jax.Array, src_segments: jax.Array,
+               rng: Optional[jax.Array] = None, prefix: Optional[jax.Array] = None,
+               every_stage: bool = False) -> np.ndarray:
+    """src [B, S] -> ids [B, (N,) S + max_extra_len], as `translate` (also for `prefix`);
+    `every_stage` runs the batch through every cache stage (CompactingDecoder)."""
+    d = self.spec.decode
+    steps = output_length(src.shape[1], d.max_extra_len, d.max_len,
+                          0 if prefix is None else prefix.shape[1])
+    length = -(-steps // d.chunk) * d.chunk  # whole chunks (the cache stages' unit)
+    state, max_lens, done, result = self._start(params, src, src_segments, rng, prefix, length)
+    return self.decoder(params, state, max_lens, length, every_stage,
+                        begun=(done, result))[..., :steps]

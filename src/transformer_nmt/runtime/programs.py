@@ -48,7 +48,7 @@ from jax.experimental import serialize_executable
 
 from transformer_nmt.errors import DataError
 from transformer_nmt.files import write_atomically
-from transformer_nmt.inference import host_cpu
+from transformer_nmt.runtime import host_cpu
 
 _IDENTITY = 'identity.json'
 _MAGIC = b'transformer_nmt program 2\n'  # then a 32-byte HMAC-SHA256 tag, then the pickle

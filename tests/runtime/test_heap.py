@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_nmt.errors import ConfigError
-from transformer_nmt.inference import heap
+from transformer_nmt.runtime import heap
 
 
 def _resident_bytes() -> int:
@@ -54,7 +54,7 @@ def test_without_malloc_trim_nothing_happens(monkeypatch):
 
 _COUNT_HEAPS = '''
 import ctypes, sys, threading
-from transformer_nmt.inference import heap
+from transformer_nmt.runtime import heap
 if sys.argv[1] != '0':
   assert heap.limit_heaps(int(sys.argv[1]))
 def allocate(together):

@@ -1,6 +1,6 @@
 """XLA CPU fast paths for one decoding step's attention (one query per row), with the
-`model.attention` reference (eq. 1 as einsums) as their specification; tests/model/test_one_step.py
-checks each against it.
+`model.attention` reference (eq. 1 as einsums) as their specification;
+tests/runtime/test_one_step.py checks each against it.
 
 The logits take keys laid out per head, [B, H, S, Dh] (the decoder cache keeps its
 cross-attention keys so, transposed once per batch): each sentence and head is then one small
@@ -11,7 +11,7 @@ weighted values stay an elementwise multiply and a reduction, which fuse into on
 faster on XLA CPU than the dot; reducing a sentence's G rows together reads its values once.
 G = 1 keeps its own layout for them, since the grouped one with a unit G axis runs much slower on
 XLA CPU. Other backends take the same code. With `halving` (the programs of
-decode.batch_invariant) the logits too are a product and a reduction, summed as model/sums.py
+decode.batch_invariant) the logits too are a product and a reduction, summed as runtime/sums.py
 adds.
 
 Dimension legend: N query rows, B key/value rows (N = B * G), S keys, H heads, Dh head dim.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from transformer_nmt.model import sums
+from transformer_nmt.runtime import sums
 
 
 def one_query_logits(q: jax.Array, k: jax.Array, halving: bool = False) -> jax.Array:

@@ -8,7 +8,8 @@ import jax
 import pytest
 
 from transformer_nmt.config import ModelConfig
-from transformer_nmt.inference import host_cpu, loading
+from transformer_nmt.inference import loading
+from transformer_nmt.runtime import host_cpu
 
 
 @pytest.mark.parametrize('line, expected', [

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_nmt.inference.compiler import compiler_options
+from transformer_nmt.runtime import network
+from transformer_nmt.runtime.compiler import compiler_options
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != 'cpu', reason='XLA CPU options')
 
@@ -42,15 +43,16 @@ def test_off_or_chosen_by_xla_flags(monkeypatch):
 @pytest.mark.parametrize('batch_invariant', [False, True])
 def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_invariant):
   """Each program the engine makes (translation and scoring) gets the setting's options, and
-  the model they trace and the search write their sums as halvings exactly when those options
-  leave sums to XLA (ModelConfig.halving_sums, SearchSpec.halving_sums)."""
+  the network they trace and the search write their sums as halvings exactly when those
+  options leave sums to XLA (network.CPU_BATCH_INVARIANT, passed to both)."""
   from transformer_nmt.inference import engine as engine_lib
 
-  seen, models = [], []
-  for name in ('Scorer', 'CompactingTranslate'):
-    real = getattr(engine_lib, name)
-    monkeypatch.setattr(engine_lib, name, lambda cfg, *a, real=real, **kw: (
-        models.append(cfg), real(cfg, *a, **kw))[1])
+  seen, chosen = [], []
+  real_scorer, real_translate = engine_lib.Scorer, engine_lib.CompactingTranslate
+  monkeypatch.setattr(engine_lib, 'Scorer', lambda cfg, **kw: (
+      chosen.append(kw['kernels']), real_scorer(cfg, **kw))[1])
+  monkeypatch.setattr(engine_lib, 'CompactingTranslate', lambda cfg, spec, **kw: (
+      chosen.append(spec.kernels), real_translate(cfg, spec, **kw))[1])
 
   def recording_jit(fn, name, static_argnums=(), donate_argnums=(), compiler_options=None):
     seen.append((name, compiler_options))
@@ -59,8 +61,8 @@ def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_
   monkeypatch.setattr(engine_lib, 'jit_factory', lambda store, sealed: recording_jit)
   decode = dataclasses.replace(loaded.decode, batch_invariant=batch_invariant)
   engine = engine_lib.Engine(loaded, decode)
-  assert engine.spec.halving_sums == batch_invariant
+  want = network.CPU_BATCH_INVARIANT if batch_invariant else network.CPU
+  assert engine.spec.kernels is want
   assert seen
   assert all(options == compiler_options(batch_invariant) for _, options in seen), seen
-  assert len(models) == 1 + decode.compact
-  assert all(cfg.halving_sums == batch_invariant for cfg in models), models
+  assert chosen == [want] * (1 + decode.compact), chosen

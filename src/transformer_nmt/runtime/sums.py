@@ -1,5 +1,5 @@
 """Sums and maxima as halvings, for programs that XLA's CPU backend compiles without YNNPACK's
-reductions (decode.batch_invariant, `ModelConfig.halving_sums`).
+reductions (decode.batch_invariant: network.CPU_BATCH_INVARIANT).
 
 Without YNNPACK, XLA sums each row in one fixed order, so a sentence's translation does not
 depend on its batch; but it rewrites every reduction over more than 32 elements into
