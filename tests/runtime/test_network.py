@@ -2,6 +2,7 @@
 (model/ and decoding/ alone): the same outputs on a noised tiny model."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,8 +46,8 @@ def noised():
 
 
 def _spec(kernels, beam_size):
-  return SearchSpec(BOS, EOS, PAD, DecodeConfig(beam_size=beam_size, max_extra_len=10,
-                                                chunk=4), kernels=kernels)
+  return SearchSpec(BOS, EOS, PAD, DecodeConfig(beam_size=beam_size, max_extra_len=8,
+                                                chunk=8), kernels=kernels)
 
 
 def _batch(src, seg):
@@ -68,14 +69,14 @@ def reference(noised):
 @pytest.mark.slow
 @pytest.mark.parametrize('runtime', sorted(RUNTIMES))
 def test_the_runtime_translates_and_scores_as_the_reference(noised, reference, runtime):
-  """Greedy and beam 4 through the runtime's compacting decoder (what the engine runs), and
-  beam 4 as one jitted loop, give the reference's tokens; teacher-forced scores and
-  cross-attention agree to float rounding."""
+  """Greedy and beam 4 through the runtime's compacting decoder (what the engine runs; the
+  compaction itself: test_compaction.py), and beam 4 as one jitted loop, give the reference's
+  tokens; teacher-forced scores and cross-attention agree to float rounding."""
   params, src, seg = noised
   outputs, scores = reference
   kernels = RUNTIMES[runtime]
   for beam_size in (1, 4):
-    compacting = CompactingTranslate(CFG, _spec(kernels, beam_size))
+    compacting = CompactingTranslate(CFG, _spec(kernels, beam_size), min_rows=4)
     np.testing.assert_array_equal(compacting(params, src, seg), outputs[beam_size])
   looped = jax.jit(lambda p, s, g: translate(CFG, p, s, g, _spec(kernels, 4)))
   np.testing.assert_array_equal(np.asarray(looped(params, src, seg)), outputs[4])
@@ -96,12 +97,15 @@ def test_the_runtime_network_has_the_reference_parameters_and_steps():
   assert jax.tree_util.tree_structure(shapes) == jax.tree_util.tree_structure(params)
   src = jnp.asarray(np.arange(3, 15, dtype=np.int32).reshape(2, 6))
   seg = jnp.ones_like(src).at[1, 4:].set(0)
-  logits = []
-  for model in (Transformer(cfg), runtime):
+
+  def three_steps(model, params):
     variables = {'params': params}
     memory = model.apply(variables, src, seg, method='encode')
     cache = model.apply(variables, memory, seg, 8, method='init_cache')
     for token in (BOS, 7, 9):
       step, cache = model.apply(variables, jnp.full((2,), token), cache, method='decode_step')
-    logits.append(np.asarray(step))
+    return step
+
+  logits = [np.asarray(jax.jit(functools.partial(three_steps, model))(params))
+            for model in (Transformer(cfg), runtime)]
   np.testing.assert_allclose(logits[1], logits[0], rtol=2e-2, atol=2e-2)

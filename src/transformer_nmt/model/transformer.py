@@ -134,8 +134,14 @@ class DecoderCache:
 
   def reorder_beams(self, gather: Callable[[Any], Any]) -> DecoderCache:
     """Beam search's reordering (`gather` maps rows within each sentence's beams): only the
-    self-attention K/V differ between the beams of a sentence."""
-    return self.replace(self_attention=gather(self.self_attention))
+    self-attention K/V differ between the beams of a sentence. A search begun on one
+    hypothesis per sentence widens to K at its first step: the rest is then tiled."""
+    moved = gather(self.self_attention)
+    widen = moved[0].k.shape[0] // self.cross_mask.shape[0]
+    if widen == 1:
+      return self.replace(self_attention=moved)
+    tiled = self.replace(self_attention=()).tile_beams(widen)
+    return tiled.replace(self_attention=moved)
 
   def tile_beams(self, beam_size: int) -> DecoderCache:
     """Beam search's K copies of each row: [B, ...] -> [B*K, ...]."""
