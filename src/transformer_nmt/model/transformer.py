@@ -98,13 +98,23 @@ class DecoderLayer(_SublayerStack):
 
   def step(self, y_t: jax.Array, cache: KVCache, cross_k: jax.Array, cross_v: jax.Array,
            cross_mask: Optional[jax.Array]) -> tuple[jax.Array, KVCache]:
-    """One decoding position: y_t [B, 1, D] -> ([B, 1, D], updated self-attention cache)."""
+    """One decoding position of N = B * K hypotheses (the K beams of each of B sentences,
+    consecutive; K = 1 outside beam search): y_t [N, 1, D] -> ([N, 1, D], updated
+    self-attention cache); cross_k, cross_v [B, S, H, Dh] and cross_mask [B, 1, 1, S] are
+    the sentences'. A sentence's K beams attend to its memory as K queries (eq. 1 with
+    T = K), so the memory is never copied per beam."""
     def self_attend(h: jax.Array) -> jax.Array:
       nonlocal cache
       out, cache = self.self_attention.step(h, cache)
       return out
+
+    def cross_attend(h: jax.Array) -> jax.Array:
+      queries = h.reshape((cross_k.shape[0], -1, h.shape[-1]))  # [B, K, D]
+      return self.cross_attention.attend(queries, cross_k, cross_v, cross_mask,
+                                         True).reshape(h.shape)
     y_t = self.residual(0, y_t, self_attend, True)
-    return self._cross_and_ffn(y_t, cross_k, cross_v, cross_mask, True), cache
+    y_t = self.residual(1, y_t, cross_attend, True)
+    return self.residual(2, y_t, lambda h: self.ffn(h, True), True), cache
 
   def _cross_and_ffn(self, y: jax.Array, k: jax.Array, v: jax.Array,
                      cross_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
@@ -117,9 +127,9 @@ class DecoderLayer(_SublayerStack):
 class DecoderCache:
   """Everything incremental decoding reuses across steps (one entry per decoder layer).
 
-  self_attention: KVCache per layer.
+  self_attention: KVCache per layer, one row per hypothesis ([B * K, ...] in beam search).
   cross_k, cross_v: [B, S, H, Dh] per layer, the encoder-decoder attention's keys and values,
-    computed once per batch.
+    computed once per batch: one row per sentence, which its K beams share.
   cross_mask: [B, 1, 1, S] bool, real source positions.
   """
 
@@ -133,20 +143,15 @@ class DecoderCache:
     return self.self_attention[0].index
 
   def reorder_beams(self, gather: Callable[[Any], Any]) -> DecoderCache:
-    """Beam search's reordering (`gather` maps rows within each sentence's beams): only the
-    self-attention K/V differ between the beams of a sentence. A search begun on one
-    hypothesis per sentence widens to K at its first step: the rest is then tiled."""
-    moved = gather(self.self_attention)
-    widen = moved[0].k.shape[0] // self.cross_mask.shape[0]
-    if widen == 1:
-      return self.replace(self_attention=moved)
-    tiled = self.replace(self_attention=()).tile_beams(widen)
-    return tiled.replace(self_attention=moved)
+    """Beam search's reordering (`gather` maps hypothesis rows within each sentence's
+    beams): only the self-attention K/V differ between the beams of a sentence."""
+    return self.replace(self_attention=gather(self.self_attention))
 
   def tile_beams(self, beam_size: int) -> DecoderCache:
-    """Beam search's K copies of each row: [B, ...] -> [B*K, ...]."""
-    return jax.tree_util.tree_map(
-        lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, self)
+    """Beam search's K hypotheses per sentence: the self-attention caches [B, ...] ->
+    [B*K, ...]; the cross-attention entries stay one per sentence."""
+    return self.replace(self_attention=jax.tree_util.tree_map(
+        lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim else x, self.self_attention))
 
   def resize(self, length: int) -> DecoderCache:
     """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
