@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_nmt.model.attention import masked_softmax
+from transformer_nmt.model.transformer import DecoderCache
 from transformer_nmt.runtime import sums
 
 
@@ -175,38 +176,22 @@ def _float32(x: jax.Array) -> jax.Array:
 
 
 @flax.struct.dataclass
-class StepCache:
-  """Everything incremental decoding reuses across steps (one entry per decoder layer).
+class StepCache(DecoderCache):
+  """model.DecoderCache with the runtime's layouts (one entry per decoder layer):
 
   self_attention: StepKVCache per layer (see its layout).
   cross_k: [B', H, S, Dh] per layer, computed once per batch, laid out per head (one
     decoding step's logits are then a matmul per sentence and head: one_step.py).
-  cross_v: [B', S, H, Dh] per layer, computed once per batch.
-  cross_mask: [B', 1, 1, S] bool, real source positions.
+  cross_v: [B', S, H, Dh] per layer; cross_mask: [B', 1, 1, S] bool, real source positions.
   In beam search B = B' * K: the K beams of a sentence share its cross-attention entries.
   """
 
-  self_attention: tuple[StepKVCache, ...]
-  cross_k: tuple[jax.Array, ...]
-  cross_v: tuple[jax.Array, ...]
-  cross_mask: jax.Array
-
-  @property
-  def index(self) -> jax.Array:
-    return self.self_attention[0].index
-
   def reorder_beams(self, gather: Callable[[Any], Any]) -> StepCache:
-    """Beam search's reordering: only the self-attention K/V differ between the beams of a
-    sentence; cross-attention K/V and the mask are the same for all of them, so they stay."""
+    """Beam search's reordering, of each layer's StepKVCache (its slots only)."""
     return self.replace(self_attention=tuple(kv.reorder(gather) for kv in self.self_attention))
 
   def tile_beams(self, beam_size: int, slots: bool = True) -> StepCache:
-    """Beam search's K copies of each row, of the self-attention caches only: decode_step's
-    cross-attention lets the K beams of a sentence share its cross-attention K/V and mask.
+    """Beam search's K hypotheses per sentence, of the self-attention caches only.
     `slots`: see StepKVCache.tile."""
     return self.replace(self_attention=tuple(kv.tile(beam_size, slots)
                                              for kv in self.self_attention))
-
-  def resize(self, length: int) -> StepCache:
-    """Room for `length` decoding positions (decoding.decode_loop grows the cache in stages)."""
-    return self.replace(self_attention=tuple(kv.resize(length) for kv in self.self_attention))
