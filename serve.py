@@ -98,7 +98,7 @@ def run() -> None:
   options.with_overrides(DECODE, overrides)  # a bad flag fails before loading
   m.limit_heaps()
   engine = Engine(m.load(overrides), n_best=f.n_best, programs=m.program_dir(),
-                  concurrent_batches=m.concurrent_batches, prefix_programs=True)
+                  concurrent_batches=m.concurrent_batches)
   rows = engine.decode.tokens_per_batch if f.precompile_rows is None else f.precompile_rows
 
   def warm() -> None:  # then nothing compiles while serving (Engine.seal)

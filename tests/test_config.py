@@ -59,8 +59,6 @@ def _base():
     (lambda c: c.decode.update(mbr='ter'), r"decode.mbr='ter' must be one of \['off', 'bleu'"),
     (lambda c: c.decode.update(mbr='chrf', temperature=0.7),
      "decode.mbr='chrf' chooses among beam search hypotheses: it needs decode.temperature=0"),
-    (lambda c: c.decode.update(length_growth=1.0), 'decode.length_growth=1.0 must be a number'),
-    (lambda c: c.decode.update(length_growth=float('inf')), 'decode.length_growth=inf must be'),
     (lambda c: c.eval.update(max_extra_len=50), 'eval.max_extra_len is now decode.max_extra_len'),
     (lambda c: c.data.update(source='csv'), "data.source='csv' must be"),
     (lambda c: c.data.update(pack_length=8, max_len=16), 'data.pack_length=8 must be 0'),

@@ -18,11 +18,13 @@ def test_stored_configs_of_older_runs_are_migrated():
 
 
 def test_a_stored_config_with_a_retired_option_still_reads():
-  old = {'decode': {'source_multiple': 64, 'chunk': 4}}
+  old = {'decode': {'source_multiple': 64, 'length_growth': 1.5, 'chunk': 4}}
   assert migrate(old) == {'decode': {'chunk': 4}}
   assert validate_config(migrate(old)).decode.chunk == 4
   with pytest.raises(ConfigError, match='unknown option decode.source_multiple'):
     validate_config(old)  # a config being written, not read back, is still told
+  with pytest.raises(ConfigError, match='unknown option decode.length_growth'):
+    validate_config({'decode': {'length_growth': 2.0}})
   # a workdir written while the model held the CPU runtime's halving sums
   stored = dict(model_config_as_trained({'vocab_size': 24}).__dict__, halving_sums=True)
   assert model_config_as_trained(stored).vocab_size == 24

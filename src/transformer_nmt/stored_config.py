@@ -16,9 +16,11 @@ from transformer_nmt.typed_config import as_dict, same_kind
 
 # Options that no longer exist: a stored config drops them, so that a workdir written while
 # they existed still reads. decode.source_multiple padded the decoder's sources and was
-# withdrawn; model.halving_sums, the batch-invariant CPU programs' sums, is the runtime's
-# choice now (runtime/network.py), not the model's.
-RETIRED = ('decode.source_multiple', 'model.halving_sums')
+# withdrawn; decode.length_growth gave way to one grid of lengths for every run (the bounded
+# program set, docs/decoding.md); model.halving_sums, the batch-invariant CPU programs' sums,
+# is the runtime's choice now (runtime/network.py), not the model's.
+RETIRED = ('decode.source_multiple', 'decode.length_growth',
+           'model.halving_sums')
 
 # Model options added after workdirs had been written, at the values those workdirs trained
 # with: a config.json without the key describes a run that had that value.

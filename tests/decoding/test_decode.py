@@ -67,12 +67,13 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
   monkeypatch.setattr(data_lib, 'pad_rows', padded)
   engines = {}  # one per setting, so that its programs compile once
 
-  def run(tokens, order, growth=DecodeConfig.length_growth, concurrent=0):
-    if (tokens, growth, concurrent) not in engines:
-      decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens,
-                            length_growth=growth)
-      engines[tokens, growth, concurrent] = Engine(loaded, decode, concurrent_batches=concurrent)
-    engine = engines[tokens, growth, concurrent]
+  def run(tokens, order, grid_start=data_lib.GRID_START, concurrent=0):
+    if (tokens, grid_start, concurrent) not in engines:
+      decode = DecodeConfig(beam_size=beam_size, max_extra_len=5, tokens_per_batch=tokens)
+      engines[tokens, grid_start, concurrent] = Engine(loaded, decode,
+                                                       concurrent_batches=concurrent)
+    engine = engines[tokens, grid_start, concurrent]
+    monkeypatch.setattr(data_lib, 'GRID_START', grid_start)
     widths.clear()
     out = engine.translate([lines[i] for i in order])
     return [out[order.index(i)] for i in range(len(lines))]
@@ -85,8 +86,8 @@ def test_results_do_not_depend_on_batching_or_order(loaded, test_lines, beam_siz
   assert run(24, forward, concurrent=1) == reference  # one batch at a time
   assert run(24, forward, concurrent=3) == reference
   assert run(4096, forward[::-1]) == reference  # reversed input, order restored
-  assert run(4096, forward, growth=4.0) == reference  # a coarser length grid: more padding
-  assert max(widths) > max(fine) and all(w % 8 == 0 for w in widths + fine)
+  assert run(4096, forward, grid_start=64) == reference  # a coarser length grid: more padding
+  assert max(widths) > max(fine) and all(w % 16 == 0 for w in widths + fine)
 
 
 @pytest.mark.slow

@@ -30,11 +30,11 @@ COMPILES = _Compiles()
 
 @pytest.fixture(scope='module')
 def sealed(loaded) -> tuple[Engine, Engine]:
-  """The tiny model with prefix programs, prepared for 8 rows of 16 subwords and sealed; and
-  the same settings without prefix programs or a seal."""
+  """The tiny model prepared for 8 rows of 16 subwords and sealed; and the same settings
+  without a seal."""
   settings = dataclasses.replace(loaded.decode, beam_size=2, max_extra_len=4,
                                  tokens_per_batch=64)
-  engine = Engine(loaded, settings, n_best=2, prefix_programs=True)
+  engine = Engine(loaded, settings, n_best=2)
   with pytest.raises(ValueError, match='precompile'):
     engine.seal()
   engine.precompile(8, 16, scoring=True, kept_only=False)
@@ -58,6 +58,12 @@ def test_no_request_compiles_once_sealed(sealed):
   response = client.post('/v1/score', json={'source': ['He played.'], 'target': ['Er']})
   assert response.status_code == 200, response.text
   assert COMPILES.count == before
+  # 2 batch shapes (1 and 4 rows of 16 subwords) with outputs of 20 steps: caches of 12 and
+  # 24, a start and an advance program each; and scoring's
+  made = engine.prepared.programs
+  assert made == 2 * 2 + len(engine.prepared.score_shapes)
+  programs = client.get('/health').json()['programs']
+  assert programs == {'ready': made, 'planned': made}
   assert engine.lines_split > 0 and engine.sentences_cut > 0  # 12 x 7 words, no sentence end
   metrics = client.get('/metrics').text
   assert f'nmt_sentences_cut {float(engine.sentences_cut)}' in metrics
@@ -79,7 +85,7 @@ def test_what_was_not_prepared_is_a_422_naming_the_limit(sealed):
 
 
 @pytest.mark.slow
-def test_prefix_programs_translate_as_the_plain_engine(sealed, lines):
+def test_a_sealed_engine_translates_as_an_unsealed_one(sealed, lines):
   engine, plain = sealed
   assert engine.translate(lines) == plain.translate(lines)
   prefixes = ['Er'] * len(lines)

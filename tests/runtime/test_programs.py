@@ -228,15 +228,18 @@ def test_donated_arguments_are_reused_by_compiled_and_stored_programs(tmp_path, 
 
 @pytest.mark.slow
 def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_path, compiles):
-  """Engine.precompile makes the programs of every batch of up to 4 rows (1, 2, 4) at each
-  grid length up to max_length, through every cache stage: later jobs of such batches (the
-  8 lines run as two batches of 4) compile nothing and give the outputs of an engine that
-  compiled."""
+  """Engine.precompile makes exactly the program set of jobs of up to 4 rows (batches of 1
+  and 4) at each grid length that up to max_length needs, through every cache stage: later
+  jobs of such batches (the 8 lines run as two batches of 4) compile nothing and give the
+  outputs of an engine that compiled."""
   assert max(len(ids) + 1 for ids in loaded.src_tok.encode(lines)) <= 40
   decode = DecodeConfig(beam_size=2, max_extra_len=20, min_len=14)  # past the first stage
   first = _engine(loaded, tmp_path, decode)
-  assert first.precompile(max_rows=4, max_length=40) == 12  # 1-4 rows at 8, 16, 24, 40
-  assert first.store.saved > 12  # a start program per shape and a step per cache stage
+  made = first.precompile(max_rows=4, max_length=40)
+  assert made.shapes == ((1, 16), (4, 16), (1, 32), (4, 32), (1, 64), (4, 64))
+  # per shape a start program and an advance program per later cache stage: outputs of up
+  # to 36, 52 and 84 steps pass caches of 12, 36 / 12, 24, 54 / 12, 24, 48, 84
+  assert made.programs == 2 * (2 + 3 + 4) == first.store.saved == first.programs_ready
   jobs = [lines[:1], lines[2:5], lines]
   again = _engine(loaded, tmp_path, decode)
   rows, batch = [], again._batch
@@ -254,7 +257,7 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
   plain = Engine(loaded, decode)
   assert got == [plain.translate(job) for job in jobs]
-  assert _engine(loaded, tmp_path / 'none').precompile(max_rows=0) == 0
+  assert _engine(loaded, tmp_path / 'none').precompile(max_rows=0).programs == 0
 
 
 def test_the_code_identity_is_the_code_the_process_imported(tmp_path):
@@ -286,8 +289,8 @@ def test_precompile_stops_near_the_limit_on_memory_maps(loaded, monkeypatch):
   would crash the process); below it, it goes on."""
   engine = Engine(loaded, SETTINGS)
   monkeypatch.setattr(heap, 'memory_maps', lambda: (899, 1000))
-  assert engine.precompile(max_rows=1, max_length=8) == 1
+  assert engine.precompile(max_rows=1, max_length=8).shapes == ((1, 16),)
   monkeypatch.setattr(heap, 'memory_maps', lambda: (901, 1000))
   with pytest.raises(ConfigError, match=r'^901 memory maps in use of the 1000 .*'
                      r'vm.max_map_count\) after 1 of 2 batch shapes: .*--precompile_length\)$'):
-    engine.precompile(max_rows=1, max_length=16)
+    engine.precompile(max_rows=1, max_length=32)

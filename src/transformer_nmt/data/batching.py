@@ -98,11 +98,23 @@ def bucket_boundaries(max_len: int, min_len: int = 8, growth: float = 1.25,
   return bounds
 
 
-def length_grid(longest: int, at_least: int, growth: float) -> list[int]:
-  """Decoding's padded lengths (decode.length_growth, multiples of 8): one grid up to
-  max(longest, at_least) for every input, so that the programs compiled for one file serve
-  the next (runtime/programs.py)."""
-  return bucket_boundaries(max(longest, at_least), growth=growth, multiple=8)
+# The decoding grid's first length (below, a sentence's source is not what a batch's time
+# goes to: the decoder's steps over its output are).
+GRID_START = 16
+
+
+def length_grid(longest: int, at_least: int) -> list[int]:
+  """Decoding's and scoring's padded lengths: powers of two from 16 (16, 32, 64, ...) up to
+  max(longest, at_least), that bound last. One grid for every input, few lengths: the
+  programs compiled for one file serve the next (runtime/programs.py), and a sentence pads to
+  less than twice its length (each length multiplies the programs: docs/decoding.md,
+  "Compiled programs")."""
+  bounds, top = [], max(longest, at_least)
+  n = GRID_START
+  while n < top:
+    bounds.append(n)
+    n *= 2
+  return bounds + [top]
 
 
 @dataclasses.dataclass

@@ -239,9 +239,10 @@ def _precompile_small_jobs(job: DecodeJob, engine: Engine, blocks: Iterator[list
   (Engine.precompile). Returns the input's blocks still to compile for, none when the input
   is a terminal (nobody is going to type the validation set)."""
   t0 = time.time()
-  shapes = engine.precompile(job.precompile_rows, job.precompile_length)
-  print(f'{shapes} batch shapes of jobs of up to {job.precompile_rows} sentences of up to '
-        f'{job.precompile_length} subwords made in {time.time() - t0:.1f} s', file=sys.stderr)
+  made = engine.precompile(job.precompile_rows, job.precompile_length)
+  print(f'{made.programs} programs ({len(made.shapes)} batch shapes) of jobs of up to '
+        f'{made.rows} sentences of up to {made.length} subwords made in '
+        f'{time.time() - t0:.1f} s', file=sys.stderr)
   return iter([]) if job.input == '-' and sys.stdin.isatty() else blocks
 
 

@@ -75,19 +75,17 @@ class Scorer:
 
   def __init__(self, cfg: Models, *, bos_id: int, pad_id: int, tokens_per_batch: int,
                max_input_len: int = DECODE.max_input_len,
-               length_growth: float = DECODE.length_growth,
                jit: Jit = plain_jit, kernels: Kernels = REFERENCE):
     self.bos_id, self.pad_id, self.tokens_per_batch = bos_id, pad_id, tokens_per_batch
-    self.max_input_len, self.length_growth = max_input_len, length_growth
+    self.max_input_len = max_input_len
     self._scores = jit(functools.partial(token_scores, cfg, kernels=kernels), 'score')
 
-  def precompile(self, params: Any, max_rows: int, max_length: int, eos_id: int) -> int:
-    """Makes (compiles, or loads from the store) the programs of every batch that scoring at
-    most `max_rows` pairs of at most `max_length` subwords a side can meet: at each grid
-    length up to `max_length`, each power-of-two row count `score_ids` plans (from 8, or
-    fewer where the budget holds fewer) up to the one that holds `max_rows`. Returns the
-    number of shapes."""
-    grid = data_lib.length_grid(1, self.max_input_len, self.length_growth)
+  def shapes(self, max_rows: int, max_length: int) -> list[tuple[int, int]]:
+    """(rows, length) of every batch that scoring at most `max_rows` pairs of at most
+    `max_length` subwords a side can meet: at each grid length up to `max_length`, each
+    power-of-two row count `score_ids` plans (from 8, or fewer where the budget holds fewer)
+    up to the one that holds `max_rows`."""
+    grid = data_lib.length_grid(1, self.max_input_len)
     most = 1 << max(max_rows - 1, 0).bit_length()  # max_rows pairs pad up to this many rows
     shapes = []
     for n in (n for n in grid if n <= max_length):
@@ -96,10 +94,14 @@ class Scorer:
       while rows <= min(cap, max(most, 8)):
         shapes.append((rows, n))
         rows *= 2
+    return shapes
+
+  def precompile(self, params: Any, shapes: Sequence[tuple[int, int]], eos_id: int) -> None:
+    """Makes (compiles, or loads from the store) the program of each (rows, length) of
+    `shapes` (see `shapes`)."""
     for rows, n in shapes:  # `rows` pairs of length n plan as one batch of that shape
       row = np.full(n, eos_id, np.int32)
       self.score_ids(params, [row] * rows, [row] * rows)
-    return len(shapes)
 
   def score_ids(self, params: Any, src_rows: Sequence[np.ndarray],
                 tgt_rows: Sequence[np.ndarray]) -> list[Scored]:
@@ -109,7 +111,7 @@ class Scorer:
     longest = max(max(len(s), len(t)) for s, t in zip(src_rows, tgt_rows))
     # One grid of lengths and powers-of-two rows for every input: the shapes, and so the
     # compiled programs (programs.py), recur from one file to the next.
-    boundaries = data_lib.length_grid(longest, self.max_input_len, self.length_growth)
+    boundaries = data_lib.length_grid(longest, self.max_input_len)
     data = data_lib.ParallelData(list(src_rows), list(tgt_rows), np.arange(len(src_rows)),
                                  self.pad_id, self.bos_id, boundaries, data_lib.ReadStats())
     out: list[Optional[Scored]] = [None] * len(data)

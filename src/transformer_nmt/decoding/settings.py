@@ -21,12 +21,6 @@ class DecodeConfig:
   alpha: float = 0.6  # length penalty exponent
   max_extra_len: int = 50  # output limit = input length + this
   tokens_per_batch: int = 4096  # padded source tokens per batch
-  # Decoding and scoring pad sentences up to a geometric grid of lengths with this growth,
-  # rounded up to multiples of 8 (1.5: 8, 16, 24, 40, 64, ...); compiled programs are per grid
-  # length, batch size and cache stage. This grid rather than the training buckets' (1.25 in
-  # multiples of 4) compiles fewer programs for Multi30k's valid and test sets, so a run
-  # starts sooner, with identical outputs.
-  length_growth: float = 1.5
   # Lines of more source subwords than this (EOS included) are translated in pieces split at
   # sentence ends (inference/long_lines.py): a model trained on shorter lines ends early on
   # longer ones. 0: the run's data.max_len, the longest line it trained on.
@@ -74,8 +68,6 @@ class DecodeConfig:
     check(0 <= self.temperature < math.inf,
           f'decode.temperature={self.temperature} must be a finite number, 0 (search) or more')
     check_positive('decode', self, 'beam_size', 'tokens_per_batch', 'chunk')
-    check(1 < self.length_growth < math.inf,
-          f'decode.length_growth={self.length_growth} must be a number above 1')
     check(self.max_input_len >= 2, f'decode.max_input_len={self.max_input_len} must be at '
           'least 2 (a token and EOS)')
     for name in ('split_len', 'max_extra_len', 'top_k', 'min_len', 'max_len', 'no_repeat_ngram'):

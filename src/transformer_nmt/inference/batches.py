@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -12,10 +12,10 @@ from transformer_nmt.data import batching as data_lib
 
 # Compaction never leaves a batch fewer rows than this. Down to one row: a batch's last
 # unfinished sentences (beam search's bound keeps a few to their length limit) then decode
-# at the cost of their own rows, in the programs that batches of 1, 2 and 4 sentences start
+# at the cost of their own rows, in the programs that batches of 1 and 4 sentences start
 # with (precompiled too), where a floor of 8 rows made them pay for 8.
 MIN_ROWS = 1
-# A batch starts with as few rows as hold its sentences (1, 2, 4, 8, 12, ...), no fewer than
+# A batch starts with as few rows as hold its sentences (1, 4, 16, 32, ...), no fewer than
 # this: a lone sentence padded to 8 rows decodes markedly slower than in a row of its own.
 START_ROWS = 1
 # A job that fits one batch is cut into one batch per decoding thread only where each part
@@ -62,12 +62,11 @@ def split_for_threads(plans: list[data_lib.BatchPlan], lengths: np.ndarray,
           for part in parts]
 
 
-def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int,
-           width: Optional[int] = None) -> np.ndarray:
-  """The plan's rows' prefixes as [rows, P], padded with `pad_id`; P is `width`, or else the
-  longest rounded up to a multiple of 8, so that few shapes compile."""
-  if width is None:
-    width = -(-max([len(prefixes[i]) for i in plan.examples] + [1]) // 8) * 8
+def padded(prefixes: Sequence[np.ndarray], plan: data_lib.BatchPlan, pad_id: int
+           ) -> np.ndarray:
+  """The plan's rows' prefixes as [rows, plan.length], padded with `pad_id` (as wide as the
+  batch's sources: one set of programs with and without prefixes)."""
+  width = plan.length
   out = np.full((plan.rows, width), pad_id, np.int32)
   for row, i in enumerate(plan.examples):
     out[row, :len(prefixes[i])] = prefixes[i]

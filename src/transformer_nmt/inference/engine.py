@@ -23,32 +23,28 @@ from transformer_nmt.decoding.mbr import mbr_order
 from transformer_nmt.decoding.scoring import Scored, Scorer
 from transformer_nmt.decoding.settings import PRECOMPILE_LENGTH, PRECOMPILE_ROWS, DecodeConfig
 from transformer_nmt.decoding.spec import SearchSpec
-from transformer_nmt.decoding.translate import output_length, translate
+from transformer_nmt.decoding.translate import translate
 from transformer_nmt.errors import ConfigError
 from transformer_nmt.inference import batches, long_lines
 from transformer_nmt.inference.hypotheses import Hypothesis, joined
 from transformer_nmt.inference.loading import LATEST, CheckpointChoice, LoadedModel, load_model
+from transformer_nmt.inference.program_set import ProgramSet, program_set
 from transformer_nmt.runtime import heap
 from transformer_nmt.runtime.compaction import CompactingTranslate, batch_sizes
 from transformer_nmt.runtime.compiler import compiler_options, kernels
-from transformer_nmt.runtime.programs import ProgramStore, Unprepared, identity, jit_factory
+from transformer_nmt.runtime.programs import (
+    ProgramStore,
+    StoredJit,
+    Unprepared,
+    identity,
+    jit_factory,
+)
 from transformer_nmt.workdir import Workdir
 
 Progress = Optional[Callable[[int], None]]  # called with the number of sentences just done
 # How to make fewer programs, when precompiling nears the limit on memory maps (heap.py)
 _FEWER_PROGRAMS = ("precompile's max_rows or max_length: serve.py's --precompile_rows or "
                    '--precompile_length')
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-  """What `Engine.precompile` made programs for: batches of up to `rows` sentences of up to
-  `length` source subwords (EOS included; a prefix of up to as many target subwords with
-  `prefix_programs`), and, with scoring, pairs of up to `score_length` subwords a side."""
-
-  rows: int
-  length: int
-  score_length: int = 0
 
 
 class Engine:
@@ -67,7 +63,7 @@ class Engine:
 
   def __init__(self, model: LoadedModel, decode: Optional[DecodeConfig] = None, *,
                n_best: int = 1, programs: Optional[str | pathlib.Path] = None,
-               concurrent_batches: int = 0, prefix_programs: bool = False):
+               concurrent_batches: int = 0):
     """`decode` (default: the model's run's settings) is checked here once, with `n_best`
     (<= beam size) hypotheses per sentence kept for `hypotheses`. With `programs` (a
     directory, e.g. Workdir.programs) the compiled programs are kept there and a later
@@ -76,10 +72,10 @@ class Engine:
     own (0: 2 on a CPU, whose cores one batch's small matrices leave partly idle; 1 on an
     accelerator), and a job of one batch is cut into that many (batches.split_for_threads):
     the batches' make-up thus depends on it, which changes a rare translation on a CPU
-    unless `decode.batch_invariant`. With `prefix_programs` every batch carries a target
-    prefix as wide as its sources (padding where a line has none), so that lines with and
-    without prefixes share one set of programs (serve.py, which compiles nothing after its
-    warm-up: `seal`)."""
+    unless `decode.batch_invariant`. Every batch carries a target prefix as wide as its
+    sources (padding where a line has none), so that lines with and without prefixes, and
+    decode.py and serve.py, share one set of programs (docs/decoding.md, "Compiled
+    programs")."""
     d = model.decode if decode is None else decode
     tgt = model.tgt_tok
     self.spec = SearchSpec(tgt.bos_id, tgt.eos_id, tgt.pad_id, d, n_best,
@@ -88,10 +84,11 @@ class Engine:
       raise ConfigError(f'concurrent_batches={concurrent_batches} must be 0 (automatic) or '
                         'positive')
     self.model, self.decode, self.n_best = model, d, n_best
-    self.prefix_programs = prefix_programs
     self.split_len = d.split_len or int(model.config.get('data', {}).get('max_len',
                                                                           d.max_input_len))
-    self.prepared: Optional[Prepared] = None  # set by precompile
+    # what `precompile` is making, and what it made
+    self.planned: Optional[ProgramSet] = None
+    self.prepared: Optional[ProgramSet] = None
     self._sealed = threading.Event()
     self._lock = threading.Lock()
     self.lines_split = self.sentences_cut = 0  # by long_lines.split, over this engine's life
@@ -109,7 +106,8 @@ class Engine:
     self.store = None if programs is None else ProgramStore(programs, identity(
         models=cfg, decode=dataclasses.replace(d, mbr='off'), n_best=searched.n_best,
         tokens=(tgt.bos_id, tgt.eos_id, tgt.pad_id)))
-    jit = functools.partial(jit_factory(self.store, self._sealed),
+    self._jits: list[StoredJit] = []  # to count their programs (`programs_ready`)
+    jit = functools.partial(jit_factory(self.store, self._sealed, self._jits),
                             compiler_options=compiler_options(d.batch_invariant))
     if d.compact:
       self._translate = CompactingTranslate(cfg, searched, min_rows=batches.MIN_ROWS,
@@ -119,7 +117,7 @@ class Engine:
           cfg, params, src, segments, searched, rng=rng, prefix=prefix), 'translate')
     self.scorer = Scorer(cfg, bos_id=tgt.bos_id, pad_id=tgt.pad_id,
                          tokens_per_batch=d.tokens_per_batch, max_input_len=d.max_input_len,
-                         length_growth=d.length_growth, jit=jit, kernels=self.spec.kernels)
+                         jit=jit, kernels=self.spec.kernels)
 
   @classmethod
   def load(cls, workdirs: str | pathlib.Path | Sequence[str | pathlib.Path],
@@ -158,15 +156,14 @@ class Engine:
     if not rows:
       return out
     params, d, tgt = self.params_as_computed(), self.decode, self.model.tgt_tok
-    if self.prefix_programs and prefixes is None:
+    if prefixes is None:
       prefixes = [np.zeros(0, np.int32)] * len(rows)
-    # With prefix programs a batch's prefixes are as wide as its sources (`padded`)
-    lengths = np.array([max(len(r), len(prefixes[i]) if self.prefix_programs else 0)
-                        for i, r in enumerate(rows)])
-    boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len, d.length_growth)
-    # Batch sizes from the compaction ladder (1, 2, 4, 8, 12, ...; the one-loop path: powers
-    # of two): few shapes, and the same ones for every file.
-    sizes = batch_sizes(d.tokens_per_batch, powers_of_two=not d.compact)
+    # A batch's prefixes are as wide as its sources (`padded`)
+    lengths = np.array([max(len(r), len(p)) for r, p in zip(rows, prefixes)])
+    boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len)
+    # Batch sizes from the compaction ladder (1, 4, 16, 32, ...): few shapes, and the same
+    # ones for every file.
+    sizes = batch_sizes(d.tokens_per_batch)
     if self.sealed:  # only the shapes precompile made
       self._check_prepared(int(lengths.max()))
       sizes = [n for n in sizes if n <= self.prepared.rows]
@@ -178,10 +175,8 @@ class Engine:
     def decode(i: int) -> np.ndarray:
       """Batch i's output ids [rows, (N,) L]."""
       src, segments, _ = data_lib.pad_rows(rows, plans[i], self.model.src_tok.pad_id)
-      width = plans[i].length if self.prefix_programs else None
-      given = ({} if prefixes is None else
-               {'prefix': batches.padded(prefixes, plans[i], tgt.pad_id, width)})
-      return self._batch(params, src, segments, i, **given)
+      prefix = batches.padded(prefixes, plans[i], tgt.pad_id)
+      return self._batch(params, src, segments, i, prefix=prefix)
 
     # closing: an error below stops the batches not yet started (see batches.in_order)
     with contextlib.closing(batches.in_order(decode, len(plans),
@@ -218,54 +213,45 @@ class Engine:
 
   def precompile(self, max_rows: int = PRECOMPILE_ROWS,
                  max_length: int = PRECOMPILE_LENGTH, scoring: bool = False,
-                 kept_only: bool = True) -> int:
-    """Makes (compiles, or loads from the store) the decoding programs of every batch that a
-    job of at most `max_rows` sentences of at most `max_length` source subwords can meet:
-    each batch size of the ladder (1, 2, 4, 8, 12, ...) up to `max_rows` at each length of
-    the grid up to `max_length`, through every cache stage. A later engine with the same store
-    then translates such a job, or a line typed at a terminal, without compiling. With
-    `scoring`, also the forced-decoding programs of `score` and `hypotheses` (scores,
-    n-best, alignments) for as many pairs of as many subwords, and for each source length
-    the pairs of its longest translations. With `kept_only` (decode.py --precompile) nothing
-    is made when the store cannot keep it; else (a server's warm-up) programs are made in
-    memory all the same. Returns the number of batch shapes; `prepared`
-    says what they cover."""
+                 kept_only: bool = True) -> ProgramSet:
+    """Makes (compiles, or loads from the store) the programs of every batch that a job of at
+    most `max_rows` sentences of at most `max_length` source subwords can meet, with or
+    without target prefixes (program_set.py: each size of the rows ladder at each length of
+    the grid, through every cache stage). A later engine with the same store then translates
+    such a job, or a line typed at a terminal, without compiling. With `scoring`, also the
+    forced-decoding programs of `score` and `hypotheses` (scores, n-best, alignments) for as
+    many pairs as long as their longest translations. With `kept_only` (decode.py
+    --precompile) nothing is made when the store cannot keep it; else (a server's warm-up)
+    programs are made in memory all the same. Returns the set, which `prepared` keeps."""
     params, d, src_tok = self.params_as_computed(), self.decode, self.model.src_tok
-    grid = data_lib.length_grid(1, d.max_input_len, d.length_growth)
-    lengths = [n for n in grid if n <= max(max_length, grid[0])]
-    sizes = [n for n in batch_sizes(d.tokens_per_batch)
-             if batches.START_ROWS <= n <= max_rows]
-    shapes = [(rows, n) for n in lengths for rows in sizes if rows * n <= d.tokens_per_batch]
-    if not shapes:
-      return 0
+    wanted = program_set(d, self.scorer, max_rows, max_length, scoring)
+    self.planned = wanted
+    shapes = wanted.shapes
+    if not shapes or (kept_only and self.store is not None and not self.store.writable):
+      return wanted  # nothing would be kept: decode.py says so
     extra = {'every_stage': True} if d.compact else {}
-    # a translation's longest output, EOS included (hypotheses score it with its source)
-    longest = max(lengths[-1], output_length(lengths[-1], d.max_extra_len, d.max_len,
-                                             lengths[-1] if self.prefix_programs else 0))
-    score_length = int(grid[min(int(np.searchsorted(grid, longest)), len(grid) - 1)])
 
-    def make(i: int) -> Optional[np.ndarray]:
-      if kept_only and self.store is not None and not self.store.writable:
-        return None  # nothing would be kept: decode.py says so once the calls end
+    def make(i: int) -> np.ndarray:
       rows, n = shapes[i]
       segments = np.zeros((rows, n), np.int32)
       segments[:, 0] = 1  # a source of EOS alone: only the shape matters
       src = np.where(segments > 0, src_tok.eos_id, src_tok.pad_id).astype(np.int32)
-      prefix = ({'prefix': np.full((rows, n), self.model.tgt_tok.pad_id, np.int32)}
-                if self.prefix_programs else {})
-      return self._batch(params, src, segments, i, **extra, **prefix)
+      prefix = np.full((rows, n), self.model.tgt_tok.pad_id, np.int32)
+      return self._batch(params, src, segments, i, prefix=prefix, **extra)
     with contextlib.closing(batches.in_order(make, len(shapes),
                                              self.concurrent_batches)) as made:
       for i, _ in enumerate(made):
         heap.check_memory_maps(f'{i + 1} of {len(shapes)} batch shapes', _FEWER_PROGRAMS)
-    self.prepared = Prepared(max(sizes), lengths[-1])
-    if scoring and (not kept_only or self.store is None or self.store.writable):
-      scored = self.scorer.precompile(params, max_rows, score_length, src_tok.eos_id)
-      heap.check_memory_maps(f'{len(shapes)} batch shapes and {scored} of scoring',
-                             _FEWER_PROGRAMS)
-      self.prepared = Prepared(max(sizes), lengths[-1], score_length)
-      return len(shapes) + scored
-    return len(shapes)
+    self.scorer.precompile(params, wanted.score_shapes, src_tok.eos_id)
+    heap.check_memory_maps(f'{wanted.programs} programs', _FEWER_PROGRAMS)
+    self.prepared = wanted
+    return wanted
+
+  @property
+  def programs_ready(self) -> int:
+    """Programs this engine holds, compiled or loaded (what /health reports during warm-up,
+    against `planned`)."""
+    return sum(j.programs for j in self._jits)
 
   def seal(self) -> None:
     """From now on this engine makes no program (compiling, or loading from the store): long

@@ -4,7 +4,7 @@ A search jitted as one loop (`decoding.Search.run`) steps every row until the la
 done; in a batch of 5- to 40-token sentences most of the work then goes to rows already
 finished. `CompactingDecoder` runs the search `chunk` steps per call and, between calls, reads
 which rows are done and gathers the live ones into a smaller batch once one of the ladder
-1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences
+1, 4, 16, 32, 64, ... holds them (CTranslate2 drops finished sentences
 after every step). It also grows the self-attention cache in `decoding.cache_stages`. Each
 (rows, cache length) pair it meets compiles its own step, so the first batches compile more
 than the single loop does; later batches of the same shapes reuse them. A state may come
@@ -77,26 +77,31 @@ def resized_on_host(state: Any, resize: Callable[[Any], Any]) -> Any:
 
 
 def compacted_size(live: int, rows: int, min_rows: int) -> int:
-  """Batch size to continue with: the smallest size of the ladder 1, 2, 4, 8, 12, 16, 24, 32,
-  48, ... (powers of two, and from 8 on 1.5x them too; at least `min_rows`) that holds the
-  `live` rows, or `rows` (no compaction) when that is no smaller. The ladder is the one
-  batches start at (`batch_sizes`), which bounds the shapes that compile."""
-  size = max(min_rows, 1)
-  while size < live:
-    size = size * 3 // 2 if size & (size - 1) == 0 and size >= 8 else _next_power_of_two(size)
+  """Batch size to continue with: the smallest size of the ladder (`batch_sizes`: 1, 4, 16,
+  32, 64, ...; at least `min_rows`) that holds the `live` rows, or `rows` (no compaction) when
+  that is no smaller. Batches start at the same sizes, which bounds the shapes that
+  compile."""
+  size = 1
+  while size < max(live, min_rows):
+    size = _next_size(size)
   return min(size, rows)
 
 
-def batch_sizes(limit: int, powers_of_two: bool = False) -> list[int]:
-  """The batch sizes decoding starts batches at, up to `limit`: 1, 2, 4, then the ladder of
-  `compacted_size` (8, 12, 16, 24, ...; only powers of two with `powers_of_two`). Batches of
-  these sizes and compaction down the same ladder keep the compiled shapes to a fixed grid
-  that every file meets again (programs.py)."""
+def batch_sizes(limit: int) -> list[int]:
+  """The batch sizes that decoding starts and compacts batches at, up to `limit`: 1, 4, 16,
+  then powers of two. Few sizes keep the compiled shapes to a small grid that every file
+  meets again (programs.py). Below 16 rows the ladder steps by 4: a step of so few rows (at
+  most 64 hypotheses at beam 4) spends its time reading the weights, which padding rows does
+  not add to."""
   sizes, size = [], 1
   while size <= max(limit, 1):
     sizes.append(size)
-    size = 2 * size if powers_of_two or size < 8 else compacted_size(size + 1, 1 << 62, 8)
+    size = _next_size(size)
   return sizes
+
+
+def _next_size(size: int) -> int:
+  return 4 * size if size < 16 else 2 * size
 
 
 def _on_one_cpu(state: Any) -> bool:
@@ -111,10 +116,6 @@ def _on_one_cpu(state: Any) -> bool:
 
 def _resize(state: Any, n: int) -> Any:
   return state.replace(cache=state.cache.resize(n))
-
-
-def _next_power_of_two(n: int) -> int:
-  return 1 << n.bit_length()
 
 
 class CompactingDecoder:

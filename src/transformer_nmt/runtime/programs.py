@@ -257,14 +257,19 @@ class Unprepared(RuntimeError):
   """A call that needs a program no one prepared, once its `StoredJit`s are sealed."""
 
 
-def jit_factory(store: Optional[ProgramStore],
-                sealed: Optional[threading.Event]) -> Callable[..., StoredJit]:
+def jit_factory(store: Optional[ProgramStore], sealed: Optional[threading.Event],
+                made: Optional[list[StoredJit]] = None) -> Callable[..., StoredJit]:
   """The decoders' `Jit` (decoding.search.Jit) of an engine: StoredJits on `store` (None:
-  programs kept in memory only) that refuse to make a program once `sealed` is set."""
+  programs kept in memory only) that refuse to make a program once `sealed` is set, each
+  appended to `made` when given (to count their programs)."""
   def jit(fn: Callable, name: str, static_argnums: Sequence[int] = (),
           donate_argnums: Sequence[int] = (),
           compiler_options: Optional[dict[str, str]] = None) -> StoredJit:
-    return StoredJit(fn, name, store, static_argnums, donate_argnums, compiler_options, sealed)
+    stored = StoredJit(fn, name, store, static_argnums, donate_argnums, compiler_options,
+                       sealed)
+    if made is not None:
+      made.append(stored)
+    return stored
   return jit
 
 
@@ -288,6 +293,12 @@ class StoredJit:
     self._programs: dict[str, jax.stages.Compiled] = {}
     self._lock = threading.Lock()
     self._pending: dict[str, threading.Lock] = {}  # signature -> held while it is built
+
+  @property
+  def programs(self) -> int:
+    """How many programs this function holds (made by this process or loaded), when a store
+    or a seal tracks them (else jax.jit keeps its own)."""
+    return len(self._programs)
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     tracked = self.store is not None or self.sealed is not None

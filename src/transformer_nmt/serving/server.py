@@ -285,8 +285,11 @@ class Service:
 
   async def health(self, request: fastapi.Request) -> Response:
     up = self.ready.is_set()
-    return JSONResponse({'status': 'ok' if up else 'warming up', 'ready': up},
-                        200 if up else 503)
+    planned = self.engine.planned
+    programs = {'ready': self.engine.programs_ready,
+                'planned': None if planned is None else planned.programs}
+    return JSONResponse({'status': 'ok' if up else 'warming up', 'ready': up,
+                         'programs': programs}, 200 if up else 503)
 
   async def metrics_text(self, request: fastapi.Request) -> Response:
     return Response(prom.generate_latest(self.metrics.registry),
