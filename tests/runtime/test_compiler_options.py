@@ -58,7 +58,7 @@ def test_the_engine_compiles_every_program_with_them(loaded, monkeypatch, batch_
     seen.append((name, compiler_options))
     return jax.jit(fn, static_argnums=tuple(static_argnums), compiler_options=compiler_options)
 
-  monkeypatch.setattr(engine_lib, 'jit_factory', lambda store, sealed: recording_jit)
+  monkeypatch.setattr(engine_lib, 'jit_factory', lambda store, sealed, made: recording_jit)
   decode = dataclasses.replace(loaded.decode, batch_invariant=batch_invariant)
   engine = engine_lib.Engine(loaded, decode)
   want = network.CPU_BATCH_INVARIANT if batch_invariant else network.CPU

@@ -201,10 +201,13 @@ def test_score(client, engine, lines, expected):
 
 
 @pytest.mark.slow
-def test_health_page_and_metrics(client):
-  assert client.get('/health').json() == {'status': 'ok', 'ready': True}
-  assert 'fetch(' in client.get('/').text
+def test_health_page_and_metrics(client, engine):
   client.post('/v1/translate', json={'text': ['one more']})
+  # no warm-up planned a set: the programs counted are those the requests made
+  programs = {'ready': engine.programs_ready, 'planned': None}
+  assert programs['ready'] > 0
+  assert client.get('/health').json() == {'status': 'ok', 'ready': True, 'programs': programs}
+  assert 'fetch(' in client.get('/').text
   text = client.get('/metrics').text
   for needle in ('nmt_requests_total{endpoint="translate",status="200"}', 'nmt_sentences_total',
                  'nmt_batches_total', 'nmt_batch_fill_bucket', 'nmt_queue_sentences',
