@@ -120,12 +120,10 @@ def step(s: BeamState, logits_fn: LogitsFn, max_lens: jax.Array, *, alpha: float
   if min_len or no_repeat_ngram:
     logits = constrain(logits, s.seqs.reshape(batch * width, length), s.t, at_limit,
                        eos_id=eos_id, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
-  if s.prefix is not None:  # inside its prefix a beam has one candidate: the given token,
-    forced, given = (jnp.repeat(x, width) for x in s.prefix.forced(s.t))  # whatever the controls
-    only_given = jnp.where(jnp.arange(logits.shape[-1]) == given[:, None], model_logits, NEG_INF)
-    logits = jnp.where(forced[:, None], only_given, logits)
   per_beam = min(2 * k, logits.shape[-1])
   cand_logp, token = _candidates(logits, lse, at_limit, per_beam, eos_id, kernels.top_k)
+  if s.prefix is not None:
+    cand_logp, token = _forced(s.prefix, s.t, width, model_logits, lse, cand_logp, token)
   total = (s.logprobs[:, :, None] + cand_logp.reshape(batch, width, -1)).reshape(batch, -1)
   if total.shape[1] < 2 * k:  # one beam over fewer than 2K tokens: impossible extensions
     total = jnp.pad(total, ((0, 0), (0, 2 * k - total.shape[1])), constant_values=NEG_INF)
@@ -165,6 +163,19 @@ def _candidates(logits: jax.Array, lse: jax.Array, at_limit: jax.Array, n: int,
   only_eos = jnp.where(jnp.arange(n) == 0, logits[:, eos_id:eos_id + 1], NEG_INF)
   values = jnp.where(at_limit[:, None], only_eos, values)
   return values - lse, jnp.where(at_limit[:, None], eos_id, token).astype(jnp.int32)
+
+
+def _forced(prefix: Prefix, t: jax.Array, width: int, logits: jax.Array, lse: jax.Array,
+            cand_logp: jax.Array, token: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inside its prefix a beam has one candidate, the given token at the model's own
+  log-probability, whatever the output controls: [N, n] candidates (`_candidates` of
+  [N, V] logits, [N, 1] logsumexp) -> [N, n] candidates. Set among the n candidates, not
+  over the V logits: a prefix costs no pass over the vocabulary."""
+  forced, given = (jnp.repeat(x, width) for x in prefix.forced(t))  # [N]
+  given_logp = jnp.take_along_axis(logits, given[:, None], axis=1) - lse  # [N, 1]
+  first = jnp.arange(cand_logp.shape[1]) == 0  # [n]
+  cand_logp = jnp.where(forced[:, None], jnp.where(first, given_logp, NEG_INF), cand_logp)
+  return cand_logp, jnp.where(forced[:, None] & first, given[:, None], token)
 
 
 def _reorder(cache: Any, beam_idx: jax.Array) -> Any:

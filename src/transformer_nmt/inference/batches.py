@@ -15,7 +15,7 @@ from transformer_nmt.data import batching as data_lib
 # at the cost of their own rows, in the programs that batches of 1 and 4 sentences start
 # with (precompiled too), where a floor of 8 rows made them pay for 8.
 MIN_ROWS = 1
-# A batch starts with as few rows as hold its sentences (1, 4, 16, 32, ...), no fewer than
+# A batch starts with as few rows as hold its sentences (1, 4, 16, 24, 32, ...), no fewer than
 # this: a lone sentence padded to 8 rows decodes markedly slower than in a row of its own.
 START_ROWS = 1
 # A job that fits one batch is cut into one batch per decoding thread only where each part

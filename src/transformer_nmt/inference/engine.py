@@ -161,7 +161,7 @@ class Engine:
     # A batch's prefixes are as wide as its sources (`padded`)
     lengths = np.array([max(len(r), len(p)) for r, p in zip(rows, prefixes)])
     boundaries = data_lib.length_grid(int(lengths.max()), d.max_input_len)
-    # Batch sizes from the compaction ladder (1, 4, 16, 32, ...): few shapes, and the same
+    # Batch sizes from the compaction ladder (1, 4, 16, 24, 32, ...): few shapes, and the same
     # ones for every file.
     sizes = batch_sizes(d.tokens_per_batch)
     if self.sealed:  # only the shapes precompile made

@@ -4,7 +4,7 @@ Every batch is padded into one grid (docs/decoding.md, "Compiled programs"):
 - lengths 16, 32, 64, ... up to decode.max_input_len (data.batching.length_grid): a batch's
   sources, and its target prefixes (as wide as the sources, padding where a line has none),
   pad to the first length that holds them;
-- rows 1, 4, 16, 32, 64, ... (runtime.compaction.batch_sizes), at most tokens_per_batch /
+- rows 1, 4, 16, 24, 32, 48, 64, ... (runtime.compaction.batch_sizes), at most tokens_per_batch /
   length rows: batches start at these sizes and compaction keeps to them.
 A batch shape (rows, length) makes one start program (the encoder and the first cache stage's
 steps) and one advance program per later cache stage (decoding.search.cache_stages of its

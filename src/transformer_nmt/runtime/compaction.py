@@ -4,7 +4,7 @@ A search jitted as one loop (`decoding.Search.run`) steps every row until the la
 done; in a batch of 5- to 40-token sentences most of the work then goes to rows already
 finished. `CompactingDecoder` runs the search `chunk` steps per call and, between calls, reads
 which rows are done and gathers the live ones into a smaller batch once one of the ladder
-1, 4, 16, 32, 64, ... holds them (CTranslate2 drops finished sentences
+1, 4, 16, 24, 32, 48, 64, ... holds them (CTranslate2 drops finished sentences
 after every step). It also grows the self-attention cache in `decoding.cache_stages`. Each
 (rows, cache length) pair it meets compiles its own step, so the first batches compile more
 than the single loop does; later batches of the same shapes reuse them. A state may come
@@ -78,9 +78,9 @@ def resized_on_host(state: Any, resize: Callable[[Any], Any]) -> Any:
 
 def compacted_size(live: int, rows: int, min_rows: int) -> int:
   """Batch size to continue with: the smallest size of the ladder (`batch_sizes`: 1, 4, 16,
-  32, 64, ...; at least `min_rows`) that holds the `live` rows, or `rows` (no compaction) when
-  that is no smaller. Batches start at the same sizes, which bounds the shapes that
-  compile."""
+  24, 32, 48, 64, ...; at least `min_rows`) that holds the `live` rows, or `rows` (no
+  compaction) when that is no smaller. Batches start at the same sizes, which bounds the
+  shapes that compile."""
   size = 1
   while size < max(live, min_rows):
     size = _next_size(size)
@@ -89,10 +89,11 @@ def compacted_size(live: int, rows: int, min_rows: int) -> int:
 
 def batch_sizes(limit: int) -> list[int]:
   """The batch sizes that decoding starts and compacts batches at, up to `limit`: 1, 4, 16,
-  then powers of two. Few sizes keep the compiled shapes to a small grid that every file
-  meets again (programs.py). Below 16 rows the ladder steps by 4: a step of so few rows (at
-  most 64 hypotheses at beam 4) spends its time reading the weights, which padding rows does
-  not add to."""
+  then powers of two and 1.5x them (24, 32, 48, 64, 96, ...). Few sizes keep the compiled
+  shapes to a small grid that every file meets again (programs.py). Below 16 rows the ladder
+  steps by 4, which keeps small jobs to three sizes; above, where most of a file's steps
+  are taken, by 1.5x and 4/3x, which keeps the rows that padding adds (to a batch, and to
+  compaction's live rows) under half of them."""
   sizes, size = [], 1
   while size <= max(limit, 1):
     sizes.append(size)
@@ -101,7 +102,9 @@ def batch_sizes(limit: int) -> list[int]:
 
 
 def _next_size(size: int) -> int:
-  return 4 * size if size < 16 else 2 * size
+  if size < 16:
+    return 4 * size
+  return size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 16 24 32 48 64 ...
 
 
 def _on_one_cpu(state: Any) -> bool:
