@@ -131,7 +131,8 @@ def test_an_array_shared_by_two_fields_is_copied_by_the_host_resize():
 @pytest.mark.parametrize('live, rows, min_rows, size', [
     (100, 256, 8, 128), (129, 256, 8, 192), (200, 256, 8, 256), (100, 160, 8, 128),
     (13, 256, 8, 16), (3, 256, 8, 16), (0, 64, 8, 16), (5, 12, 8, 12), (1, 2, 1, 1),
-    (3, 256, 1, 4), (2, 256, 1, 4), (5, 256, 1, 16), (17, 256, 1, 24), (25, 256, 1, 32), (0, 256, 1, 1)])
+    (3, 256, 1, 4), (2, 256, 1, 4), (5, 256, 1, 16), (17, 256, 1, 24), (25, 256, 1, 32),
+    (0, 256, 1, 1)])
 def test_compacted_size(live, rows, min_rows, size):
   assert compacted_size(live, rows, min_rows) == size
 
