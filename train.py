@@ -6,10 +6,18 @@ after the current step with a checkpoint of it (exit code 130); on many processe
 the same step.
 """
 
+import logging
+
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_nmt.cli import config_flag_parser, fail, main_running, use_compile_cache
+from transformer_nmt.cli import (
+  CompileCounter,
+  config_flag_parser,
+  fail,
+  main_running,
+  use_compile_cache,
+)
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/demo.py', 'Config file (Python).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics, tokenizer.',
@@ -39,7 +47,9 @@ def run() -> None:
     use_compile_cache(str(Workdir(_WORKDIR.value).compile_cache))
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _AUTO_DISTRIBUTED.value)
+  compiles = CompileCounter()
   trainer.train_and_evaluate(validate_config(_CONFIG.value), _WORKDIR.value)
+  logging.info('Done: %s', compiles.summary())  # a resumed run should compile nothing
 
 
 if __name__ == '__main__':

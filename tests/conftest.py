@@ -16,13 +16,13 @@ from transformer_nmt.config import ModelConfig  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / 'shared' / 'data'
 
-# One persistent compilation cache for the suite's train.py and recipe.py runs, so that a run
-# loads what an earlier one compiled (cli.use_compile_cache): a tiny run then takes a third of
-# its time or less (bench/RESULTS.md). Only for one process at a time: JAX writes its entries
-# without a lock.
+# One persistent compilation cache per test process (each pytest-xdist worker), shared by its
+# own compiles and the train.py, recipe.py and decode.py runs its tests start with
+# shared_compile_cache(), so that a program compiled once is loaded by every later process
+# that meets it. Only one process at a time uses it (a worker waits for the runs it starts):
+# JAX writes its entries without a lock.
 COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cache_'))
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
-
 
 # The key that signs stored programs (runtime/programs.py) lives in the user's config
 # directory: the suite keeps its own rather than writing to the home directory.
@@ -34,6 +34,29 @@ if 'XDG_CONFIG_HOME' not in os.environ:
 def shared_compile_cache(env: dict | None = None) -> dict:
   """`env` (default: this process's environment) with the suite's compilation cache."""
   return dict(os.environ if env is None else env, JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE))
+
+
+def _compile_into_the_shared_cache() -> None:
+  import jax
+  jax.config.update('jax_compilation_cache_dir', str(COMPILE_CACHE))
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+
+
+_compile_into_the_shared_cache()
+
+
+@pytest.fixture(scope='module')
+def without_compile_cache():
+  """This process compiles without the persistent cache while a module runs: for engines
+  that keep their programs in a store, which does not keep what the cache supplied
+  (runtime/programs.py)."""
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update('jax_enable_compilation_cache', True)
+  compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope='session')

@@ -23,6 +23,7 @@ from transformer_nmt.runtime.compaction import (
 )
 from transformer_nmt.runtime.programs import ProgramStore, identity, jit_factory
 
+pytestmark = pytest.mark.usefixtures('without_compile_cache')  # stores programs
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 7
 

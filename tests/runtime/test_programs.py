@@ -23,6 +23,7 @@ from transformer_nmt.inference import Engine
 from transformer_nmt.runtime import heap, programs
 from transformer_nmt.runtime.programs import ProgramStore, StoredJit, identity
 
+pytestmark = pytest.mark.usefixtures('without_compile_cache')  # stores programs
 SETTINGS = DecodeConfig(beam_size=2, max_extra_len=4)
 
 
@@ -255,8 +256,9 @@ def test_precompiled_small_jobs_translate_without_compiling(loaded, lines, tmp_p
   assert rows == [1, 4, 4, 4] and again.concurrent_batches == 2
   assert len(again._translate.decoder.rows_per_chunk) > 2  # a stage after the first 2 chunks
   assert compiles.count == 0 and again.store.saved == 0 and again.store.loaded > 0
-  plain = Engine(loaded, decode)
-  assert got == [plain.translate(job) for job in jobs]
+  with compiles:  # the engine that compiled them, calling them as compiled
+    assert got == [first.translate(job) for job in jobs]
+  assert compiles.count == 0
   assert _engine(loaded, tmp_path / 'none').precompile(max_rows=0).programs == 0
 
 
