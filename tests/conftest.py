@@ -39,7 +39,8 @@ def shared_compile_cache(env: dict | None = None) -> dict:
 def _compile_into_the_shared_cache() -> None:
   import jax
   jax.config.update('jax_compilation_cache_dir', str(COMPILE_CACHE))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  # not the many programs of single operations, which compile faster than they are stored
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.1)
 
 
 _compile_into_the_shared_cache()
