@@ -20,7 +20,8 @@ SHARED_DATA = ROOT.parent / 'shared' / 'data'
 # own compiles and the train.py, recipe.py and decode.py runs its tests start with
 # shared_compile_cache(), so that a program compiled once is loaded by every later process
 # that meets it. Only one process at a time uses it (a worker waits for the runs it starts):
-# JAX writes its entries without a lock.
+# JAX writes its entries without a lock (a lock comes with a size limit, whose every write
+# scans the whole directory), and a read that met a half-written entry would compile again.
 COMPILE_CACHE = pathlib.Path(tempfile.mkdtemp(prefix='transformer_nmt_tests_cache_'))
 atexit.register(shutil.rmtree, COMPILE_CACHE, ignore_errors=True)
 
